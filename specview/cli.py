@@ -1,0 +1,137 @@
+"""Command line: `specview [OPTIONS]` (the TUI), `specview run`, `specview bench`, `specview report`.
+
+Every user error is one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from specview.errors import SpecviewError
+from specview.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from specview.session import DEFAULT_PROMPT
+
+SUBCOMMANDS = ("run", "bench", "report")
+EPILOG = """\
+commands:
+  specview [OPTIONS]          the TUI: step through drafted blocks live (needs a terminal)
+  specview run [OPTIONS]      headless: coloured token stream + summary (--jsonl for events)
+  specview bench [OPTIONS]    autoregressive vs speculative (and peers), timed side by side
+  specview report FILE [B]    render a profile or bench file; with two, compare them
+
+MODEL is a hub id (gpt2-xl), a save_pretrained folder, a .gguf file or the bundled
+smollm2-135m, with an optional @float32/@bfloat16/@float16 suffix.
+Colours in the token stream: green = accepted draft token, red = resampled after a
+rejection, blue = bonus token (all K drafts accepted).
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is ONE line (the contract), with a pointer to --help."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind, name: str, ok, rule: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{name} must be {rule}, got {text}")
+        return value
+
+    parse.__name__ = name  # argparse names the option in its message from this
+    return parse
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("--target", "--target-model", default=DEFAULT_TARGET, metavar="MODEL",
+                   help=f"the model whose distribution the output follows (default {DEFAULT_TARGET})")
+    g.add_argument("--draft", "--draft-model", default=DEFAULT_DRAFT, metavar="MODEL",
+                   help=f"the small model that proposes K tokens per step (default {DEFAULT_DRAFT})")
+    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
+                   help="auto picks cuda, then mps, then cpu")
+    g.add_argument("--threads", type=_number(int, "--threads", lambda v: v >= 1, ">= 1"), default=None,
+                   help="torch CPU threads (default: torch's choice)")
+    g = p.add_argument_group("generation")
+    g.add_argument("--prompt", "--input-str", default=DEFAULT_PROMPT, help="the prompt text ('' starts from BOS)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    g.add_argument("-N", "--max-new-tokens", "--N", dest="max_new_tokens", default=64,
+                   type=_number(int, "-N", lambda v: v >= 1, ">= 1"), help="tokens to generate (default 64)")
+    g.add_argument("-K", "--K", dest="k", default=4, type=_number(int, "-K", lambda v: v >= 1, ">= 1"),
+                   help="tokens drafted per step (default 4)")
+    g.add_argument("--temperature", default=0.6, type=_number(float, "--temperature", lambda v: v >= 0, ">= 0"),
+                   help="0 = greedy for both models (default 0.6)")
+    g.add_argument("--top-k", default=0, type=_number(int, "--top-k", lambda v: v >= 0, ">= 0 (0 = off)"),
+                   help="keep the k most likely tokens; 0 = off (default)")
+    g.add_argument("--top-p", default=1.0, type=_number(float, "--top-p", lambda v: 0 < v <= 1, "in (0, 1]"),
+                   help="nucleus sampling mass; 1.0 = off (default)")
+    g.add_argument("--seed", default=0, type=_number(int, "--seed", lambda v: v >= 0, ">= 0"),
+                   help="seeds the one random generator of the process (default 0)")
+    g.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-sequence token")
+    g.add_argument("--profile-dir", default=None, metavar="DIR",
+                   help="where profile files go (default profiles/)")
+
+
+def build_run_parser() -> Parser:
+    p = Parser(prog="specview run", description="Headless run: coloured token stream, then a summary.",
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    add_run_options(p)
+    g = p.add_argument_group("run")
+    g.add_argument("--method", choices=["speculative", "autoregressive"], default="speculative",
+                   help="autoregressive = the target alone, same code path (default speculative)")
+    g.add_argument("--num-runs", "-R", default=1, type=_number(int, "--num-runs", lambda v: v >= 1, ">= 1"),
+                   help="independent samples in one process, one generator (default 1)")
+    g.add_argument("--jsonl", metavar="PATH|-", help="write the event stream (one JSON per line); - = stdout")
+    g.add_argument("--profile", action="store_true", help="write a profile to --profile-dir (default profiles/)")
+    g.add_argument("--quiet", "-q", action="store_true", help="no token stream, only the summary")
+    return p
+
+
+def build_tui_parser() -> Parser:
+    p = Parser(prog="specview", description="See and measure speculative decoding. With no command: the TUI.",
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    add_run_options(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    command = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    try:
+        if command == "run":
+            from specview.runner import run_command
+
+            return run_command(build_run_parser().parse_args(argv[1:]))
+        if command == "bench":
+            from specview.bench import bench_command, build_bench_parser
+
+            return bench_command(build_bench_parser(Parser, add_run_options).parse_args(argv[1:]))
+        if command == "report":
+            from specview.profiling.report import build_report_parser, report_command
+
+            return report_command(build_report_parser(Parser).parse_args(argv[1:]))
+        args = build_tui_parser().parse_args(argv)
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            raise SpecviewError("the TUI needs a terminal; for headless output use `specview run` (same options)")
+        from specview.tui.app import tui_command
+
+        return tui_command(args)
+    except SpecviewError as err:
+        prog = "specview" + (f" {command}" if command else "")
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

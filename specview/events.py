@@ -1,0 +1,145 @@
+"""What the engine reports: one StepResult per step, one RunSummary per run, and their JSON form.
+
+The JSON shapes are a contract (DESIGN.md, "CLI contract"): other tools read them. Keep field
+names and meanings; add fields only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+EVENTS_SCHEMA = "specview.events/1"
+PHASES = ("draft", "verify", "sample", "cache", "other")  # measured top-level phases + remainder
+NESTED_PHASES = ("softmax", "layernorm")  # inside sample / inside draft and verify
+
+
+@dataclass
+class StepResult:
+    step: int  # index of this step in its run, from 0
+    drafted: list[int]  # the draft block (empty for an autoregressive step)
+    q: list[float]  # q(x) of each drafted token: the distribution it was sampled from
+    p: list[float]  # p(x) of each drafted token under the target
+    r: list[float] | None  # the uniform draws of the accept test; None when greedy
+    accepted: int  # leading drafted tokens that passed the test (and were emitted)
+    rejected_at: int | None  # index into `drafted` of the first rejection
+    resampled: int | None  # token drawn from the residual max(0, p - q) at the rejection
+    residual_top: list[list[float]] | None  # [[id, prob], ...] top of the residual distribution
+    bonus: int | None  # token from the target after all drafts were accepted (or an AR step's token)
+    emitted: list[int]  # tokens this step appended to the output
+    stop_reason: str | None = None  # "length" | "eos" | "context" when the run ended at this step
+    tokens: list[str] = field(default_factory=list)  # text of each emitted token, filled by the client
+    phases_ms: dict[str, float] = field(default_factory=dict)  # draft, verify, sample, cache, other, softmax, layernorm
+    layernorm_ms: dict[str, float] = field(default_factory=dict)  # {"draft": .., "verify": ..} when hooks are on
+    wall_ms: float = 0.0  # the whole step, host clock
+    memory_mb: dict[str, float | None] = field(default_factory=dict)  # rss, device_allocated, device_reserved, device_peak
+    k: int = 0  # K asked for this step (may exceed len(drafted) near N or the context end)
+    run: int = 0
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["type"] = "step"
+        return _clean(d)
+
+
+@dataclass
+class RunSummary:
+    """Counters for one run; rates are None (JSON null) when their denominator is zero."""
+
+    run: int = 0
+    prompt_len: int = 0
+    generated_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0
+    prefill_ms: float = 0.0
+    steps_ms: float = 0.0
+    stop_reason: str | None = None
+    per_position_drafted: list[int] = field(default_factory=list)
+    per_position_accepted: list[int] = field(default_factory=list)
+
+    def add(self, s: StepResult) -> None:
+        self.steps += 1
+        self.drafted += len(s.drafted)
+        self.accepted += s.accepted
+        self.rejections += s.rejected_at is not None
+        self.generated_ids.extend(s.emitted)
+        self.steps_ms += s.wall_ms
+        # DESIGN.md: share of the steps that drafted position i+1 in which it was accepted.
+        for i in range(len(s.drafted)):
+            if i >= len(self.per_position_drafted):
+                self.per_position_drafted.append(0)
+                self.per_position_accepted.append(0)
+            self.per_position_drafted[i] += 1
+            self.per_position_accepted[i] += i < s.accepted
+        if s.stop_reason:
+            self.stop_reason = s.stop_reason
+
+    @property
+    def wall_s(self) -> float:
+        return (self.prefill_ms + self.steps_ms) / 1000
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return ratio(self.accepted, self.drafted)
+
+    @property
+    def alpha(self) -> float | None:
+        return ratio(self.accepted, self.accepted + self.rejections)
+
+    @property
+    def mean_emitted_per_step(self) -> float | None:
+        return ratio(len(self.generated_ids), self.steps)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return ratio(len(self.generated_ids), self.wall_s)
+
+    @property
+    def per_position_acceptance(self) -> list[float | None]:
+        return [ratio(a, d) for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
+
+    def to_json(self) -> dict:
+        return _clean(
+            {
+                "type": "end",
+                "run": self.run,
+                "generated_ids": self.generated_ids,
+                "text": self.text,
+                "steps": self.steps,
+                "drafted": self.drafted,
+                "accepted": self.accepted,
+                "acceptance_rate": self.acceptance_rate,
+                "alpha": self.alpha,
+                "mean_emitted_per_step": self.mean_emitted_per_step,
+                "tokens_per_s": self.tokens_per_s,
+                "wall_s": self.wall_s,
+                "prefill_ms": self.prefill_ms,
+                "per_position_acceptance": self.per_position_acceptance,
+                "stop_reason": self.stop_reason,
+            }
+        )
+
+
+def ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """E(K) = (1 - alpha^(K+1)) / (1 - alpha): tokens per target forward when each draft passes with prob alpha."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def _clean(obj):
+    """JSON has no NaN or inf: a value that does not exist is null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj

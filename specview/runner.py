@@ -1,0 +1,164 @@
+"""`specview run`: the engine headless. A coloured token stream, a summary, and optionally the JSONL
+event stream (DESIGN.md) and a profile. With `--jsonl -`, stdout carries only JSON lines."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import nullcontext
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from specview.events import EVENTS_SCHEMA, RunSummary, StepResult
+from specview.session import Session, Settings, open_session
+
+STYLES = {"prompt": "dim", "accepted": "green", "resampled": "bold red", "bonus": "bold blue", "target": ""}
+
+
+def token_origins(step: StepResult, method: str) -> list[str]:
+    """Origin of each emitted token: accepted draft, resampled after a rejection, or bonus."""
+    if method == "autoregressive":
+        return ["target"] * len(step.emitted)
+    origins = ["accepted"] * min(step.accepted, len(step.emitted))
+    if len(step.emitted) > step.accepted:
+        origins.append("resampled" if step.rejected_at is not None else "bonus")
+    return origins
+
+
+def start_event(session: Session, method: str, num_runs: int) -> dict:
+    s = session.settings
+    return {
+        "type": "start", "schema": EVENTS_SCHEMA, "target": s.target,
+        "draft": s.draft if method == "speculative" else None, "method": method, "k": s.k,
+        "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed, "num_runs": num_runs,
+        "device": str(session.device), "threads": session.meta()["threads"], "prompt_ids": session.prompt_ids,
+        "max_new_tokens": s.max_new_tokens, "prompt": s.prompt,
+    }
+
+
+class JsonlWriter:
+    def __init__(self, path: str | None):
+        self.file = None
+        if path == "-":
+            self.file = sys.stdout
+        elif path:
+            try:
+                self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            except OSError as err:
+                from specview.errors import SpecviewError
+
+                raise SpecviewError(f"--jsonl: cannot write {path}: {err.strerror}") from err
+
+    def write(self, obj: dict) -> None:
+        if self.file:
+            self.file.write(json.dumps(obj, allow_nan=False) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file and self.file is not sys.stdout:
+            self.file.close()
+
+
+def summary_table(summaries: list[RunSummary], method: str) -> Table:
+    table = Table(title=f"{method}", title_justify="left")
+    for col in ("run", "tokens", "steps", "accept rate", "alpha", "tokens/step", "tokens/s", "wall s", "stop"):
+        table.add_column(col, justify="right" if col not in ("stop",) else "left")
+
+    def fmt(v, spec="{:.2f}"):
+        return "n/a" if v is None else spec.format(v)
+
+    for s in summaries:
+        table.add_row(str(s.run), str(len(s.generated_ids)), str(s.steps), fmt(s.acceptance_rate, "{:.1%}"),
+                      fmt(s.alpha, "{:.3f}"), fmt(s.mean_emitted_per_step), fmt(s.tokens_per_s, "{:.1f}"),
+                      fmt(s.wall_s), s.stop_reason or "")
+    if len(summaries) > 1:
+        total = RunSummary(run=-1)
+        for s in summaries:
+            total.generated_ids += s.generated_ids
+            total.steps += s.steps
+            total.drafted += s.drafted
+            total.accepted += s.accepted
+            total.rejections += s.rejections
+            total.steps_ms += s.steps_ms
+            total.prefill_ms += s.prefill_ms
+        table.add_row("all", str(len(total.generated_ids)), str(total.steps), fmt(total.acceptance_rate, "{:.1%}"),
+                      fmt(total.alpha, "{:.3f}"), fmt(total.mean_emitted_per_step),
+                      fmt(total.tokens_per_s, "{:.1f}"), fmt(total.wall_s), "", style="bold")
+    return table
+
+
+def run_command(args) -> int:
+    settings = Settings.from_args(args)
+    to_stdout = args.jsonl == "-"
+    console = Console(stderr=to_stdout, highlight=False)
+    err_console = Console(stderr=True)
+    method = args.method
+    with err_console.status("loading models…") if err_console.is_terminal else nullcontext() as status:
+        def progress(msg):
+            if status is not None:
+                status.update(msg + "…")
+            else:
+                err_console.print(msg + "…", style="dim")
+        session = open_session(settings, progress, with_draft=method == "speculative")
+    recorder = None
+    if args.profile or args.profile_dir:
+        from specview.profiling.recorder import ProfileRecorder
+
+        recorder = ProfileRecorder(session, method, args.profile_dir or "profiles")
+    jsonl = JsonlWriter(args.jsonl)
+    jsonl.write(start_event(session, method, args.num_runs))
+    decoder = session.decoder(method, timer=recorder.timer if recorder else None)
+    if recorder:
+        recorder.attach(decoder)
+    if not args.quiet:
+        console.print(_legend(method))
+    summaries: list[RunSummary] = []
+    interrupted = False
+    try:
+        for _ in range(args.num_runs):
+            run = decoder.start(session.prompt_ids, settings.max_new_tokens)
+            summaries.append(run.summary)
+            if not args.quiet:
+                console.print(Text(session.target.tokenizer.decode(session.prompt_ids), style=STYLES["prompt"]), end="")
+            try:
+                while not run.done:
+                    step = run.step()
+                    jsonl.write(step.to_json())
+                    if recorder:
+                        recorder.add_step(step)
+                    if not args.quiet:
+                        console.print(_colour(step, method), end="")
+            except KeyboardInterrupt:
+                interrupted = True
+                run.summary.stop_reason = "interrupted"
+            run.summary.text = session.target.tokenizer.decode(run.generated)
+            if not args.quiet:
+                console.print()
+            jsonl.write(run.summary.to_json())
+            if interrupted:
+                break
+    finally:
+        jsonl.close()
+        if recorder:
+            path = recorder.save(summaries, interrupted=interrupted)
+            err_console.print(f"profile written: {path}")
+    Console(stderr=to_stdout).print(summary_table(summaries, method))
+    return 130 if interrupted else 0
+
+
+def _legend(method: str) -> Text:
+    if method == "autoregressive":
+        return Text("autoregressive: every token from the target", style="dim")
+    legend = Text("tokens: ", style="dim")
+    for name in ("accepted", "resampled", "bonus"):
+        legend.append(f"{name} ", style=STYLES[name])
+    return legend
+
+
+def _colour(step: StepResult, method: str) -> Text:
+    text = Text()
+    for piece, origin in zip(step.tokens, token_origins(step, method)):
+        text.append(piece, style=STYLES[origin])
+    return text

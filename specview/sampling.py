@@ -1,0 +1,53 @@
+"""Logits -> probabilities, and drawing from them. ONE function serves both p and q, so the q in the
+accept test is exactly the distribution the draft sampled from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.6  # 0 = greedy for both models
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Rows of logits [..., V] -> rows of probabilities in float32 after temperature, top-k and top-p.
+
+    Greedy (temperature 0) returns the plain softmax at temperature 1: the decision is the argmax,
+    and the probabilities are only shown.
+    """
+    logits = logits.float()
+    if cfg.greedy:
+        return torch.softmax(logits, dim=-1)
+    logits = logits / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if cfg.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        sorted_probs = sorted_probs.masked_fill(mass_before >= cfg.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool = False) -> torch.Tensor:
+    """One token id per row of probs, as a tensor (no device sync: the exponential-race trick of
+    gpt-fast's multinomial_sample_one_no_sync, argmax(p / E) with E ~ Exp(1), is an exact draw)."""
+    if greedy:
+        return probs.argmax(dim=-1)
+    e = torch.empty_like(probs).exponential_(1, generator=generator)
+    e.clamp_(min=torch.finfo(e.dtype).tiny)  # an exact 0 would make 0/0 = NaN win the argmax
+    return (probs / e).argmax(dim=-1)
