@@ -87,6 +87,18 @@ class Decoder:
         return out.logits[0, :, : self.vocab]
 
 
+def accept_test(r: torch.Tensor, px: torch.Tensor, qx: torch.Tensor) -> torch.Tensor:
+    """r <= p(x)/q(x), multiplied out (q(x) > 0: x was drawn from q): accept with probability min(1, p/q)."""
+    return r * qx <= px
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """normalize(max(0, p - q)): what to draw from after a rejection. p == q leaves no mass: use p."""
+    residual = (p - q).clamp(min=0)
+    mass = residual.sum()
+    return torch.where(mass > 0, residual / mass.clamp(min=1e-30), p)
+
+
 def eos_token_ids(lm: LoadedModel) -> set[int]:
     ids = set()
     for source in (lm.model.generation_config, lm.model.config, lm.tokenizer):
@@ -203,15 +215,12 @@ class Run:
                 ok = d == p[:k].argmax(dim=-1)
             else:
                 r = torch.rand(k, generator=dec.generator, device=dec.device)
-                ok = r * qx <= px  # r <= p/q multiplied out: accept with probability min(1, p/q)
+                ok = accept_test(r, px, qx)
             n = ok.long().cumprod(0).sum()
             p_n = p.index_select(0, n.view(1))[0]
             q_n = q.index_select(0, n.clamp(max=k - 1).view(1))[0]
-            residual = (p_n - q_n).clamp(min=0)
-            mass = residual.sum()
-            # p == q leaves no residual mass: sample from p. After k acceptances p_n is the bonus row.
-            residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), p_n)
-            dist = torch.where(n < k, residual, p_n) if not greedy else p_n
+            # After k acceptances p_n is the target's (k+1)-th row: the bonus distribution.
+            dist = p_n if greedy else torch.where(n < k, residual_distribution(p_n, q_n), p_n)
         else:
             d = px = qx = r = torch.zeros(0, device=dec.device)
             n = torch.zeros((), dtype=torch.long, device=dec.device)

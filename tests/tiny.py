@@ -49,3 +49,16 @@ def save(model, tokenizer, path) -> str:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def perturbed(model, noise: float, seed: int):
+    """A draft made from the target: the same weights plus Gaussian noise (relative to each tensor's
+    spread), so the two agree often but not always, like a real draft/target pair."""
+    import copy
+
+    torch.manual_seed(seed)
+    draft = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn_like(p) * noise * (p.std() if p.numel() > 1 else 1.0))
+    return draft.eval()

@@ -1,0 +1,51 @@
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # no test may reach a model hub
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import tiny  # noqa: E402
+from specview.models import load_pair  # noqa: E402
+
+torch.set_num_threads(1)  # tiny models: threads only add overhead, and the machine is shared
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny")
+
+
+def _pair(tiny_dir, kind, vocab, target_seed, draft_seed, scale, **kw):
+    tok = tiny.make_tokenizer(vocab)
+    t = tiny.save(tiny.make_model(kind, vocab, target_seed, scale=scale, **kw), tok, tiny_dir / f"{kind}-{vocab}-{target_seed}-{scale}")
+    d = tiny.save(tiny.make_model(kind, vocab, draft_seed, scale=scale, **kw), tok, tiny_dir / f"{kind}-{vocab}-{draft_seed}-{scale}")
+    return t, d
+
+
+@pytest.fixture(scope="session", params=["gpt2", "llama"])
+def pair_paths(request, tiny_dir):
+    """(target folder, draft folder): two unrelated random models of a family, one tokenizer, vocab 16."""
+    return _pair(tiny_dir, request.param, 16, 0, 1, scale=4.0)
+
+
+@pytest.fixture(scope="session")
+def gpt2_paths(tiny_dir):
+    return _pair(tiny_dir, "gpt2", 16, 0, 1, scale=4.0)
+
+
+@pytest.fixture(scope="session")
+def small_vocab_pair(tiny_dir):
+    """Vocab 8 so the joint law of 3 tokens (512 sequences) can be enumerated exactly. The draft is the
+    target plus noise: accepted 40-75% of the time, so accepts, rejections and bonuses all occur."""
+    tok = tiny.make_tokenizer(8)
+    target = tiny.make_model("gpt2", 8, 10, scale=8.0)
+    t = tiny.save(target, tok, tiny_dir / "small-target")
+    d = tiny.save(tiny.perturbed(target, 0.3, seed=3), tok, tiny_dir / "small-draft")
+    return load_pair(t, d, torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def loaded_pair(pair_paths):
+    return load_pair(*pair_paths, torch.device("cpu"))
