@@ -90,6 +90,11 @@ def build_run_parser() -> Parser:
                    help="independent samples in one process, one generator (default 1)")
     g.add_argument("--jsonl", metavar="PATH|-", help="write the event stream (one JSON per line); - = stdout")
     g.add_argument("--profile", action="store_true", help="write a profile to --profile-dir (default profiles/)")
+    g.add_argument("--profile-ops", action="store_true",
+                   help="also capture every operator with torch.profiler (own Chrome trace + top-operators table; "
+                        "slows the run; implies --profile)")
+    g.add_argument("--py-spy", action="store_true",
+                   help="also sample the process with py-spy (speedscope file beside the profile; implies --profile)")
     g.add_argument("--quiet", "-q", action="store_true", help="no token stream, only the summary")
     return p
 

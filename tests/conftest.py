@@ -5,10 +5,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
 
 import tiny  # noqa: E402
 from specview.models import load_pair  # noqa: E402
 
+hf_logging.disable_progress_bar()  # save_pretrained's bars would pollute captured stderr
 torch.set_num_threads(1)  # tiny models: threads only add overhead, and the machine is shared
 
 

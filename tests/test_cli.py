@@ -1,0 +1,155 @@
+"""`specview run` end to end on tiny models, and every bad input: one line on stderr, exit 2."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from specview.cli import main
+
+
+def run_cli(capsys, *argv):
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:  # argparse usage errors
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def models(gpt2_paths):
+    return ["--target", gpt2_paths[0], "--draft", gpt2_paths[1]]
+
+
+def test_run_prints_stream_and_summary(capsys, models):
+    code, out, err = run_cli(capsys, "run", *models, "--prompt", "w1 w2 w3", "-N", "12", "-K", "3")
+    assert code == 0
+    assert "w1 w2 w3" in out  # the prompt, then the coloured continuation
+    assert "accept" in out and "tokens/s" in out and "length" in out
+
+
+def test_jsonl_to_stdout_carries_only_json(capsys, models):
+    code, out, err = run_cli(capsys, "run", *models, "--prompt", "w1 w2", "-N", "10", "--num-runs", "3",
+                             "--jsonl", "-", "--temperature", "1", "--ignore-eos")
+    assert code == 0
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events[0]["type"] == "start" and events[0]["schema"] == "specview.events/1"
+    assert events[0]["num_runs"] == 3 and events[0]["prompt_ids"] == [4, 5]  # w1 w2
+    ends = [e for e in events if e["type"] == "end"]
+    assert [e["run"] for e in ends] == [0, 1, 2]
+    assert all(len(e["generated_ids"]) == 10 and e["stop_reason"] == "length" for e in ends)
+    steps = [e for e in events if e["type"] == "step"]
+    keys = {"run", "step", "drafted", "q", "p", "r", "accepted", "rejected_at", "resampled", "residual_top",
+            "bonus", "emitted", "tokens", "stop_reason", "phases_ms", "memory_mb"}
+    assert all(keys <= set(s) for s in steps)
+    assert {"draft", "verify", "sample", "cache", "other", "softmax", "layernorm"} <= set(steps[0]["phases_ms"])
+    assert "rss" in steps[0]["memory_mb"] and steps[0]["memory_mb"]["device_allocated"] is None
+    # runs are independent samples from one generator: not all the same
+    assert len({tuple(e["generated_ids"]) for e in ends}) > 1
+    assert "NaN" not in out
+    assert "tokens/s" in err  # the summary went to stderr
+
+
+def test_autoregressive_method_and_file_output(capsys, models, tmp_path):
+    path = tmp_path / "ev.jsonl"
+    code, out, err = run_cli(capsys, "run", *models, "--method", "autoregressive", "-N", "6", "--jsonl", str(path),
+                             "--temperature", "0")
+    assert code == 0
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    steps = [e for e in events if e["type"] == "step"]
+    assert len(steps) == 6
+    assert all(s["drafted"] == [] and s["r"] == [] and s["emitted"] == [s["bonus"]] for s in steps)
+    assert events[-1]["acceptance_rate"] is None
+
+
+def test_ctrl_c_keeps_the_summary_and_the_end_event(capsys, models, monkeypatch):
+    from specview.engine import Run
+
+    real_step = Run.step
+
+    def interrupt_at_third(self):
+        if self.summary.steps == 2:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(Run, "step", interrupt_at_third)
+    code, out, err = run_cli(capsys, "run", *models, "-N", "40", "--jsonl", "-", "--ignore-eos")
+    assert code == 130
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events[-1]["type"] == "end" and events[-1]["stop_reason"] == "interrupted"
+    assert events[-1]["steps"] == 2
+    assert "interrupted" in err
+
+
+BAD = [
+    (["-K", "0"], "-K must be >= 1"),
+    (["-N", "0"], "-N must be >= 1"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--top-k", "-3"], "--top-k must be >= 0"),
+    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["-K", "many"], "must be an integer"),
+    (["--num-runs", "0"], "--num-runs must be >= 1"),
+    (["--device", "tpu"], "invalid choice"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_values_exit_2_with_one_line(capsys, argv, message):
+    code, out, err = run_cli(capsys, "run", *argv)
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_bad_models_exit_2_with_one_line(capsys, gpt2_paths, tiny_dir):
+    import tiny
+
+    cases = [
+        (["--target", "/no/such/folder"], "model folder not found"),
+        (["--target", "missing.gguf"], "model file not found"),
+        (["--target", "gpt2-xl", "--method", "autoregressive"], "hub cannot be reached"),
+        (["--target", gpt2_paths[0], "--draft", gpt2_paths[1] + "@float8"], "unknown dtype"),
+    ]
+    other = tiny.save(tiny.make_model("gpt2", 16, 1), tiny.make_tokenizer(16, prefix="v"), tiny_dir / "cli-vocab")
+    capsys.readouterr()
+    cases.append((["--target", gpt2_paths[0], "--draft", other], "different tokenizers"))
+    cases.append((["--target", gpt2_paths[0], "--draft", gpt2_paths[1], "-N", "500"], "past the context"))
+    for argv, message in cases:
+        code, out, err = run_cli(capsys, "run", *argv)
+        assert code == 2, argv
+        assert message in err and len(err.strip().splitlines()) == 1, err
+        assert "Traceback" not in err
+
+
+def test_tui_without_a_terminal_points_to_run(capsys):
+    code, out, err = run_cli(capsys)
+    assert code == 2 and "specview run" in err and len(err.strip().splitlines()) == 1
+
+
+def test_real_sigint_mid_run_still_ends_cleanly(gpt2_paths, tmp_path):
+    """A real Ctrl-C (SIGINT) to a real process: the end event and summary are still written."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    # The tiny model's context (128) bounds N, so run long through many runs instead.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specview.cli", "run", "--target", gpt2_paths[0], "--draft", gpt2_paths[1],
+         "-N", "100", "--num-runs", "100000", "--jsonl", "-", "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    lines = []
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if '"type": "end"' in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    events = [json.loads(x) for x in (lines + rest.splitlines()) if x.strip()]
+    assert proc.returncode == 130
+    assert events[-1]["type"] == "end" and events[-1]["stop_reason"] == "interrupted"
+    assert "Traceback" not in err and "tokens/s" in err
