@@ -1,0 +1,164 @@
+"""Profile files other tools open: Chrome Trace Event JSON (Perfetto, chrome://tracing) and speedscope.
+
+Both are built from per-step host-clock timings (timer.StepTiming). Spans come from context managers
+and hooks on one thread, so any two of them either nest or are disjoint; times are rounded to whole
+nanoseconds with one monotonic function, which keeps that true in the files (a child never pokes out
+of its parent on a track).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+
+from specview.profiling.timer import StepTiming
+
+# Chrome trace tracks (tid): one per phase group, ordered top to bottom.
+TRACKS = {1: "step", 2: "draft model", 3: "target model", 4: "sampling"}
+PHASE_TRACK = {"draft": 2, "verify": 3, "sample": 4, "softmax": 4, "cache": 1}
+NESTED_TRACK = {"draft": 2, "verify": 3, "sample": 4, "cache": 1}  # nested span -> track of its enclosing phase
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+RANK = {"step": 0, "draft": 1, "verify": 1, "sample": 1, "cache": 1}  # at equal times, parents open first
+
+
+@dataclass
+class StepRecord:
+    step: dict  # the step's JSON record (as in the JSONL)
+    timing: StepTiming  # host-clock spans; synthesised from phases_ms when the timer's were not available
+
+
+def synthetic_timing(step: dict, t0: float) -> StepTiming:
+    """Phases laid end to end from phases_ms, for a step whose host spans are unknown."""
+    spans, t = [], t0
+    phases = step.get("phases_ms") or {}
+    for name in ("draft", "verify", "sample", "cache"):
+        ms = phases.get(name) or 0.0
+        if ms > 0:
+            spans.append((name, t, t + ms / 1000))
+            t += ms / 1000
+    wall = step.get("wall_ms") or (t - t0) * 1000
+    return StepTiming(t0, t0 + max(wall / 1000, t - t0), wall, spans, [])
+
+
+def _ns(t: float, origin: float) -> int:
+    return int(round((t - origin) * 1e9))
+
+
+def _intervals(rec: StepRecord, origin: float) -> list[tuple[int, int, str, int, str | None]]:
+    """(start_ns, end_ns, name, rank, enclosing phase) of the step, its phases and nested spans, in open order."""
+    tm = rec.timing
+    out = [(_ns(tm.t0, origin), _ns(tm.t1, origin), "step", 0, None)]
+    for name, t0, t1 in tm.spans:
+        out.append((_ns(t0, origin), _ns(t1, origin), name, RANK.get(name, 2), None))
+    for name, part, t0, t1 in tm.nested_spans:
+        out.append((_ns(t0, origin), _ns(t1, origin), name, 3, part))
+    out.sort(key=lambda iv: (iv[0], -iv[1], iv[3]))
+    return out
+
+
+def chrome_trace(records: list[StepRecord], origin: float, meta: dict) -> dict:
+    """{"traceEvents": [...]}: X events per phase on the tracks of TRACKS, C counters for memory and acceptance."""
+    pid = 1
+    title = f"specview {meta.get('method', '')}: {meta.get('target', '')} / {meta.get('draft') or '-'}"
+    events: list[dict] = [{"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": title}}]
+    for tid, name in TRACKS.items():
+        events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}})
+        events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
+    drafted = accepted = 0
+    run = None
+    for rec in records:
+        s = rec.step
+        if s.get("run") != run:
+            run = s.get("run")
+            events.append({"ph": "i", "pid": pid, "tid": 1, "s": "p", "name": f"run {run}",
+                           "ts": _ns(rec.timing.t0, origin) / 1000})
+        for start, end, name, _, part in _intervals(rec, origin):
+            ev = {"ph": "X", "pid": pid, "name": name, "cat": "phase", "ts": start / 1000, "dur": (end - start) / 1000}
+            if name == "step":
+                ev.update(tid=1, cat="step", name=f"step {s.get('step')}", args=_step_args(s))
+            elif part is not None:
+                ev.update(tid=NESTED_TRACK.get(part, 1), cat="nested", args={"in": part})
+            else:
+                ev["tid"] = PHASE_TRACK.get(name, 1)
+            events.append(ev)
+        end_ts = _ns(rec.timing.t1, origin) / 1000
+        mem = {k: v for k, v in (s.get("memory_mb") or {}).items() if isinstance(v, (int, float))}
+        if mem:
+            events.append({"ph": "C", "pid": pid, "name": "memory MiB", "ts": end_ts, "args": mem})
+        drafted += len(s.get("drafted") or [])
+        accepted += s.get("accepted") or 0
+        acc = {"accepted this step": s.get("accepted") or 0, "emitted this step": len(s.get("emitted") or [])}
+        if drafted:
+            acc["acceptance rate %"] = round(100 * accepted / drafted, 2)
+        events.append({"ph": "C", "pid": pid, "name": "acceptance", "ts": end_ts, "args": acc})
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"schema": "specview.trace/1", **meta}}
+
+
+def _step_args(s: dict) -> dict:
+    phases = s.get("phases_ms") or {}
+    return {"run": s.get("run"), "k": s.get("k"), "drafted": len(s.get("drafted") or []),
+            "accepted": s.get("accepted"), "emitted": len(s.get("emitted") or []),
+            "wall_ms": round(s.get("wall_ms") or 0.0, 3), "other_ms": round(phases.get("other") or 0.0, 3),
+            "stop_reason": s.get("stop_reason")}
+
+
+def speedscope(records: list[StepRecord], origin: float, name: str) -> dict:
+    """One evented speedscope profile: step > draft/verify/sample/cache > layernorm/softmax (ms)."""
+    frames: list[dict] = []
+    index: dict[str, int] = {}
+    events: list[dict] = []
+
+    def frame(label: str) -> int:
+        if label not in index:
+            index[label] = len(frames)
+            frames.append({"name": label})
+        return index[label]
+
+    end_ms = 0.0
+    for rec in records:
+        stack: list[tuple[int, int]] = []  # (frame, end_ns)
+        for start, end, label, _, _ in _intervals(rec, origin):
+            while stack and stack[-1][1] <= start:
+                f, e = stack.pop()
+                events.append({"type": "C", "frame": f, "at": e / 1e6})
+            while stack and stack[-1][1] < end:  # cannot happen for LIFO spans; never emit a bad nesting
+                f, e = stack.pop()
+                events.append({"type": "C", "frame": f, "at": max(e, start) / 1e6})
+            f = frame(label)
+            events.append({"type": "O", "frame": f, "at": start / 1e6})
+            stack.append((f, end))
+        while stack:
+            f, e = stack.pop()
+            events.append({"type": "C", "frame": f, "at": e / 1e6})
+            end_ms = max(end_ms, e / 1e6)
+    return {
+        "$schema": "https://www.speedscope.app/file-format-schema.json",
+        "shared": {"frames": frames},
+        "profiles": [{"type": "evented", "name": name, "unit": "milliseconds", "startValue": 0,
+                      "endValue": end_ms, "events": events}],
+        "name": name,
+        "activeProfileIndex": 0,
+        "exporter": "specview",
+    }
+
+
+def write_json_atomic(path: str, obj, indent: int | None = None) -> None:
+    """Write to a temp file in the same folder, then rename over `path`: readers never see half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, allow_nan=False, indent=indent)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a profile is an ordinary file
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,95 @@
+"""`--profile-ops`: torch.profiler around the run, with a record_function label per phase (the timer
+opens them), saved as its own Chrome trace, and the top operators by self time with their share of the
+draft and verify phases. Forward hooks cannot see inside a module; this shows the matmuls, the
+attention kernels and the softmax inside attention."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+
+from specview.profiling.timer import TOP_LEVEL
+
+TOP_OPS = 15
+
+
+class OpsCapture:
+    def __init__(self, trace_path: str, device: torch.device):
+        self.trace_path = trace_path
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.cuda = device.type == "cuda"
+        self.prof = torch.profiler.profile(activities=activities, record_shapes=False, with_stack=False)
+        self.running = False
+
+    def start(self) -> None:
+        self.prof.start()
+        self.running = True
+
+    def stop(self) -> dict:
+        """Stop, write the Chrome trace (atomically) -> {"trace", "phase_ms", "total_self_ms", "top": [...]}."""
+        self.prof.stop()
+        self.running = False
+        folder = os.path.dirname(os.path.abspath(self.trace_path))
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+        os.close(fd)
+        try:
+            self.prof.export_chrome_trace(tmp)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.trace_path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        summary = top_operators(self.prof.events(), self.cuda)
+        summary["trace"] = os.path.basename(self.trace_path)
+        return summary
+
+
+def top_operators(events, cuda: bool = False, limit: int = TOP_OPS) -> dict:
+    """Self time per operator, split by the outermost phase label around it (draft, verify, ...)."""
+    phase_ms = {name: 0.0 for name in TOP_LEVEL}
+    per_op: dict[str, dict] = {}
+    outer_cache: dict[int, str | None] = {}
+
+    def outer_phase(ev) -> str | None:
+        chain, found = [], None
+        node = ev.cpu_parent
+        while node is not None:
+            if id(node) in outer_cache:
+                found = outer_cache[id(node)] or found
+                break
+            chain.append(node)
+            node = node.cpu_parent
+        # walk down from the top so the outermost label wins
+        for node in reversed(chain):
+            if node.is_user_annotation and node.name in phase_ms:
+                found = found or node.name
+            outer_cache[id(node)] = found
+        return found
+
+    total = 0.0
+    for ev in events:
+        if ev.is_user_annotation:
+            if ev.name in phase_ms and outer_phase(ev) is None:
+                phase_ms[ev.name] += ev.cpu_time_total / 1000
+            continue
+        self_ms = (ev.self_device_time_total if cuda else ev.self_cpu_time_total) / 1000
+        if self_ms <= 0:
+            continue
+        total += self_ms
+        op = per_op.setdefault(ev.name, {"name": ev.name, "calls": 0, "self_ms": 0.0,
+                                         **{f"{p}_ms": 0.0 for p in TOP_LEVEL}})
+        op["calls"] += 1
+        op["self_ms"] += self_ms
+        phase = outer_phase(ev)
+        if phase:
+            op[f"{phase}_ms"] += self_ms
+    top = sorted(per_op.values(), key=lambda o: -o["self_ms"])[:limit]
+    for op in top:
+        op["share"] = op["self_ms"] / total if total else None
+        for p in ("draft", "verify"):
+            op[f"{p}_share"] = op[f"{p}_ms"] / phase_ms[p] if phase_ms[p] else None
+    return {"clock": "device" if cuda else "cpu", "total_self_ms": total, "phase_ms": phase_ms, "top": top}

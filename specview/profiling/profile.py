@@ -1,0 +1,87 @@
+"""The profile file (schema specview.profile/1, DESIGN.md "Profiles"): its summary, computed from the
+step records, and what each phase contains."""
+
+from __future__ import annotations
+
+from specview.events import ratio
+
+PROFILE_SCHEMA = "specview.profile/1"
+BENCH_SCHEMA = "specview.bench/1"
+PHASE_KEYS = ("draft", "verify", "sample", "cache", "other", "softmax", "layernorm")
+MEASURED = ("draft", "verify", "sample", "cache")
+
+# What each phase contains: the report prints this, so a number always comes with its meaning.
+PHASE_HELP = {
+    "prefill": "both models' forwards over the prompt, before the first step (outside the steps)",
+    "draft": "the draft model's forwards, one per drafted token (K per step), logits of the last position",
+    "verify": "the target's one forward per step over the fed token(s) + the K drafts (K+1 logits rows)",
+    "sample": "logits -> probabilities (temperature, top-k, top-p) for q and p, drawing each draft token, "
+              "the accept test r <= p/q, the residual max(0, p - q) and the resampled or bonus token; "
+              "includes the one device->host transfer of the step's decisions",
+    "cache": "cropping both KV caches back to the accepted length after a rejection",
+    "other": "the step's wall time minus the four measured phases: bookkeeping, stop checks, "
+             "detokenising the emitted tokens, building the step record",
+    "layernorm": "time inside the norm modules (LayerNorm / RMSNorm) of the forwards, measured by forward "
+                 "hooks; part of draft and verify, split per model",
+    "softmax": "logits -> probabilities (temperature, top-k, top-p, softmax) for p and q; part of sample. "
+               "The softmax inside attention is part of the forwards: see it with --profile-ops",
+}
+
+
+def summarize(steps: list[dict], prefill_ms: float = 0.0) -> dict:
+    """The profile's "summary" from its step records (JSON dicts as in the JSONL)."""
+    phases = {k: 0.0 for k in PHASE_KEYS}
+    layernorm = {"draft": 0.0, "verify": 0.0}
+    drafted = accepted = rejections = tokens = 0
+    pos_drafted: list[int] = []
+    pos_accepted: list[int] = []
+    steps_ms = 0.0
+    rss_peak = device_peak = None
+    for s in steps:
+        for k, v in (s.get("phases_ms") or {}).items():
+            if k in phases and isinstance(v, (int, float)):
+                phases[k] += v
+        for k, v in (s.get("layernorm_ms") or {}).items():
+            if k in layernorm and isinstance(v, (int, float)):
+                layernorm[k] += v
+        steps_ms += s.get("wall_ms") or 0.0
+        n = len(s.get("drafted") or [])
+        acc = s.get("accepted") or 0
+        drafted += n
+        accepted += acc
+        rejections += s.get("rejected_at") is not None
+        tokens += len(s.get("emitted") or [])
+        for i in range(n):
+            if i >= len(pos_drafted):
+                pos_drafted.append(0)
+                pos_accepted.append(0)
+            pos_drafted[i] += 1
+            pos_accepted[i] += i < acc
+        mem = s.get("memory_mb") or {}
+        rss_peak = _max(rss_peak, mem.get("rss"))
+        device_peak = _max(device_peak, mem.get("device_peak") or mem.get("device_allocated"))
+    wall_ms = prefill_ms + steps_ms
+    return {
+        "wall_ms": wall_ms,
+        "phases_ms": phases,
+        "layernorm_ms": layernorm,
+        "steps": len(steps),
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance_rate": ratio(accepted, drafted),
+        "alpha": ratio(accepted, accepted + rejections),
+        "per_position_acceptance": [ratio(a, d) for a, d in zip(pos_accepted, pos_drafted)],
+        "tokens_per_s": ratio(tokens, wall_ms / 1000),
+        "memory_peak_mb": {"rss": rss_peak, "device": device_peak},
+        # Beyond the DESIGN shape (additions only): what the figures above are made of.
+        "prefill_ms": prefill_ms,
+        "tokens": tokens,
+        "rejections": rejections,
+        "mean_emitted_per_step": ratio(tokens, len(steps)),
+    }
+
+
+def _max(a, b):
+    if not isinstance(b, (int, float)):
+        return a
+    return b if a is None else max(a, b)

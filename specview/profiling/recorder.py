@@ -1,0 +1,192 @@
+"""ProfileRecorder: what `run --profile`, bench and the TUI use to write a profile.
+
+    recorder = ProfileRecorder(session, method, "profiles")    # + profile_ops=True, py_spy=True
+    decoder = session.decoder(method, timer=recorder.timer)
+    recorder.attach(decoder)          # norm hooks on both models; wires recorder.timer into the decoder
+    ...
+    step = run.step()
+    recorder.add_step(step)           # right after step(): fills step.layernorm_ms, keeps the record
+    ...
+    path = recorder.save(summaries, interrupted=False)    # -> the .json path; print recorder.notes
+    recorder.detach()                 # optional: removes the hooks
+
+Files, all with one stem `<stamp>-<target>-<draft>` chosen when the recorder is made (the stamp is unique
+to the millisecond in the folder): `.json` (schema specview.profile/1, DESIGN.md "Profiles"),
+`.trace.json` (Chrome Trace Event: Perfetto, chrome://tracing), `.speedscope.json` (speedscope), and
+with the options `.ops.trace.json` (torch.profiler) and `.py-spy.speedscope.json`. Every write is atomic
+(temp file, then rename). save() may be called again (the TUI's `e`, then quit): it rewrites the same
+files with every step recorded so far. The op capture and py-spy stop at the first save().
+Never imports textual.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+from specview.errors import SpecviewError
+from specview.events import StepResult
+from specview.profiling.export import (
+    StepRecord,
+    chrome_trace,
+    speedscope,
+    synthetic_timing,
+    write_json_atomic,
+)
+from specview.profiling.hooks import NormHooks
+from specview.profiling.profile import PROFILE_SCHEMA, summarize
+from specview.profiling.timer import PhaseTimer
+
+_TAKEN: set[str] = set()  # stems handed out in this process (two recorders in one millisecond)
+
+
+class ProfileRecorder:
+    def __init__(self, session, method: str, profile_dir: str = "profiles", *, profile_ops: bool = False,
+                 py_spy: bool = False):
+        self.session = session
+        self.method = method
+        self.dir = profile_dir
+        self.timer = PhaseTimer(session.device)
+        self.hooks = NormHooks(self.timer)
+        self.records: list[StepRecord] = []
+        self.notes: list = []  # one-line messages (and rich tables) for the client to print after save()
+        self.interrupted = False
+        self.origin = time.perf_counter()  # time zero of the trace files
+        self.norm_counts: dict[str, int] = {}
+        self.meta = self._meta()
+        try:
+            os.makedirs(profile_dir, exist_ok=True)
+        except OSError as err:
+            raise SpecviewError(f"cannot create the profile folder {profile_dir}: {err.strerror}") from err
+        self.stem = os.path.join(profile_dir, self._unique_stem())
+        self.path = self.stem + ".json"
+        self.trace_path = self.stem + ".trace.json"
+        self.speedscope_path = self.stem + ".speedscope.json"
+        self.ops = self.py_spy = None
+        self.ops_summary: dict | None = None
+        if profile_ops:
+            from specview.profiling.ops import OpsCapture
+
+            self.ops = OpsCapture(self.stem + ".ops.trace.json", session.device)
+        if py_spy:
+            from specview.profiling.pyspy import PySpy
+
+            self.py_spy = PySpy(self.stem + ".py-spy.speedscope.json")
+        self._started = False
+
+    def attach(self, decoder) -> None:
+        """Hook the norm modules of the decoder's models and make it time into this recorder's timer.
+        The first call also starts the op capture and py-spy. Attaching more decoders is fine."""
+        decoder.timer = self.timer
+        for role, lm in (("target", decoder.target), ("draft", decoder.draft)):
+            if lm is not None:
+                self.norm_counts[role] = self.norm_counts.get(role, 0) + self.hooks.install(lm.model)
+        self.meta["norm_modules"] = dict(self.norm_counts)
+        if not self._started:
+            self._started = True
+            if self.py_spy is not None:
+                problem = self.py_spy.start()
+                if problem:
+                    self.notes.append(problem)
+                    self.py_spy = None
+            if self.ops is not None:
+                self.timer.labels = True
+                self.ops.start()
+
+    def detach(self) -> None:
+        """Remove the hooks (the profile stays; save() still works)."""
+        self.hooks.remove()
+        self.timer.labels = False
+
+    def add_step(self, step: StepResult) -> None:
+        """Keep one step (call it right after step(), before writing the step anywhere): fills
+        step.layernorm_ms = {"draft": .., "verify": ..} from the hooks when they are on."""
+        timing = self.timer.timing_for(step.wall_ms)
+        if timing is not None and self.hooks.handles:
+            split = timing.parts.get("layernorm", {})
+            step.layernorm_ms = {"draft": split.get("draft", 0.0), "verify": split.get("verify", 0.0)}
+        record = step.to_json()
+        if timing is None:  # the timer no longer has it (or another timer ran it): lay its phases end to end
+            t0 = self.records[-1].timing.t1 if self.records else self.origin
+            timing = synthetic_timing(record, t0)
+        self.records.append(StepRecord(record, timing))
+
+    @property
+    def steps(self) -> list[dict]:
+        return [r.step for r in self.records]
+
+    def profile(self, summaries=(), interrupted: bool = False) -> dict:
+        """The profile document (schema specview.profile/1) of every step recorded so far."""
+        summaries = list(summaries or ())
+        runs = {r.step.get("run") for r in self.records}
+        prefill = sum(s.prefill_ms for s in summaries)
+        summary = summarize(self.steps, prefill)
+        summary.update(method=self.method, runs=len(runs), interrupted=interrupted,
+                       stop_reasons=[s.stop_reason for s in summaries])
+        doc = {"schema": PROFILE_SCHEMA, "meta": self.meta, "summary": summary, "steps": self.steps}
+        if self.ops_summary is not None:
+            doc["ops"] = self.ops_summary
+        return doc
+
+    def save(self, summaries=(), interrupted: bool = False) -> str:
+        """Write the profile, its trace and speedscope files (atomically) -> the profile's path.
+        Stops the op capture and py-spy first (their messages go to self.notes)."""
+        self.interrupted = self.interrupted or interrupted
+        if self.ops is not None and self.ops.running:
+            self.timer.labels = False
+            self.ops_summary = self.ops.stop()
+            self.meta["files"]["ops_trace"] = os.path.basename(self.ops.trace_path)
+            self.notes.append(f"op-level trace written: {self.ops.trace_path}")
+            from specview.profiling.report import ops_table
+
+            self.notes.append(ops_table(self.ops_summary))
+        if self.py_spy is not None:
+            note = self.py_spy.stop()
+            if note.startswith("py-spy profile written"):
+                self.meta["files"]["py_spy"] = os.path.basename(self.py_spy.out_path)
+            self.notes.append(note)
+            self.py_spy = None
+        doc = self.profile(summaries, self.interrupted)
+        trace_meta = {"method": self.method, "target": self.meta["target"], "draft": self.meta["draft"],
+                      "profile": os.path.basename(self.path)}
+        try:
+            write_json_atomic(self.path, doc)
+            write_json_atomic(self.trace_path, chrome_trace(self.records, self.origin, trace_meta))
+            write_json_atomic(self.speedscope_path,
+                              speedscope(self.records, self.origin, os.path.basename(self.stem)))
+        except OSError as err:
+            raise SpecviewError(f"cannot write the profile to {self.dir}: {err.strerror}") from err
+        return self.path
+
+    def _meta(self) -> dict:
+        meta = self.session.meta()
+        settings = self.session.settings
+        draft = settings.draft if self.method == "speculative" else None
+        meta.update(method=self.method, target=settings.target, draft=draft, k=settings.k,
+                    norm_modules={}, files={})
+        return meta
+
+    def _unique_stem(self) -> str:
+        draft = self.meta["draft"] or self.method
+        names = f"{clean_name(self.meta['target'])}-{clean_name(draft)}"
+        t = time.time()
+        while True:
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(t)) + f"-{int(t * 1000) % 1000:03d}"
+            stem = f"{stamp}-{names}"
+            taken = stem in _TAKEN or any(name.startswith(stem + ".") for name in os.listdir(self.dir))
+            if not taken:
+                _TAKEN.add(stem)
+                self.meta["files"] = {"profile": stem + ".json", "trace": stem + ".trace.json",
+                                      "speedscope": stem + ".speedscope.json"}
+                return stem
+            t += 0.001
+
+
+def clean_name(spec: str) -> str:
+    """A MODEL spec as a file name part: no / or @ (a local path keeps its last folder name)."""
+    name, _, dtype = spec.partition("@")
+    if os.sep in name and os.path.exists(os.path.expanduser(name)):
+        name = os.path.basename(os.path.normpath(os.path.expanduser(name)))
+    cleaned = re.sub(r"[^A-Za-z0-9._+-]+", "_", name + (f"_{dtype}" if dtype else "")).strip("._-")
+    return cleaned[-60:] or "model"
