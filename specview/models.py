@@ -9,8 +9,10 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
 import torch
 
@@ -121,6 +123,26 @@ def _hub_error(spec: str, err: Exception) -> SpecviewError:
     return SpecviewError(f"cannot load '{spec}': {first}")
 
 
+def _in_local_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # an odd id or cache layout: let from_pretrained decide
+        return False
+
+
+def _hub_reachable(timeout_s: float = 2.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
 def _load_source(src: ModelSource, spec: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -132,6 +154,9 @@ def _load_source(src: ModelSource, spec: str):
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    if not src.local and not _in_local_cache(src.path) and not _hub_reachable():
+        # Fail in a second instead of a minute of retries with a traceback-like log per retry.
+        raise _hub_error(spec, OSError("cannot connect"))
     try:
         tokenizer = AutoTokenizer.from_pretrained(src.path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch.float32 if src.gguf_file else "auto", **kwargs)
