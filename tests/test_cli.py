@@ -153,3 +153,25 @@ def test_real_sigint_mid_run_still_ends_cleanly(gpt2_paths, tmp_path):
     assert proc.returncode == 130
     assert events[-1]["type"] == "end" and events[-1]["stop_reason"] == "interrupted"
     assert "Traceback" not in err and "tokens/s" in err
+
+
+def test_empty_prompt_starts_from_bos(capsys, models):
+    code, out, err = run_cli(capsys, "run", *models, "--prompt", "", "-N", "4", "--jsonl", "-", "--ignore-eos")
+    assert code == 0
+    assert json.loads(out.splitlines()[0])["prompt_ids"] == [1]  # <s>
+
+
+def test_empty_prompt_without_bos_exits_2(capsys, tiny_dir):
+    import tiny
+
+    tok = tiny.make_tokenizer(16)
+    tok.bos_token = None
+    path = tiny.save(tiny.make_model("gpt2", 16, 0), tok, tiny_dir / "no-bos")
+    capsys.readouterr()
+    code, out, err = run_cli(capsys, "run", "--target", path, "--draft", path, "--prompt", "")
+    assert code == 2 and "no BOS token" in err and len(err.strip().splitlines()) == 1
+
+
+def test_chat_without_a_template_exits_2(capsys, models):
+    code, out, err = run_cli(capsys, "run", *models, "--chat")
+    assert code == 2 and "no chat template" in err
