@@ -147,9 +147,9 @@ def run_command(args) -> int:
         jsonl.close()
         if recorder:
             path = recorder.save(summaries, interrupted=interrupted)
-            err_console.print(f"profile written: {path}")
+            err_console.print(f"profile written: {path}", soft_wrap=True)  # a path stays whole for copy-paste
             for note in recorder.notes:
-                err_console.print(note)
+                err_console.print(note, soft_wrap=isinstance(note, str))
     summary_console = Console(stderr=to_stdout)
     if not summary_console.is_terminal:
         summary_console.width = max(summary_console.width, 110)  # a pipe defaults to 80 columns: keep headers whole

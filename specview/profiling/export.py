@@ -28,6 +28,7 @@ RANK = {"step": 0, "draft": 1, "verify": 1, "sample": 1, "cache": 1}  # at equal
 class StepRecord:
     step: dict  # the step's JSON record (as in the JSONL)
     timing: StepTiming  # host-clock spans; synthesised from phases_ms when the timer's were not available
+    prefill_s: float = 0.0  # the run's prefill, which ends where this (its first) step starts
 
 
 def synthetic_timing(step: dict, t0: float) -> StepTiming:
@@ -51,6 +52,8 @@ def _intervals(rec: StepRecord, origin: float) -> list[tuple[int, int, str, int,
     """(start_ns, end_ns, name, rank, enclosing phase) of the step, its phases and nested spans, in open order."""
     tm = rec.timing
     out = [(_ns(tm.t0, origin), _ns(tm.t1, origin), "step", 0, None)]
+    if rec.prefill_s > 0:
+        out.append((_ns(tm.t0 - rec.prefill_s, origin), _ns(tm.t0, origin), "prefill", 0, None))
     for name, t0, t1 in tm.spans:
         out.append((_ns(t0, origin), _ns(t1, origin), name, RANK.get(name, 2), None))
     for name, part, t0, t1 in tm.nested_spans:
@@ -74,11 +77,13 @@ def chrome_trace(records: list[StepRecord], origin: float, meta: dict) -> dict:
         if s.get("run") != run:
             run = s.get("run")
             events.append({"ph": "i", "pid": pid, "tid": 1, "s": "p", "name": f"run {run}",
-                           "ts": _ns(rec.timing.t0, origin) / 1000})
+                           "ts": _ns(rec.timing.t0 - rec.prefill_s, origin) / 1000})
         for start, end, name, _, part in _intervals(rec, origin):
             ev = {"ph": "X", "pid": pid, "name": name, "cat": "phase", "ts": start / 1000, "dur": (end - start) / 1000}
             if name == "step":
                 ev.update(tid=1, cat="step", name=f"step {s.get('step')}", args=_step_args(s))
+            elif name == "prefill":
+                ev.update(tid=1, cat="step", args={"run": s.get("run")})
             elif part is not None:
                 ev.update(tid=NESTED_TRACK.get(part, 1), cat="nested", args={"in": part})
             else:

@@ -6,7 +6,9 @@ attention kernels and the softmax inside attention."""
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
+from contextlib import contextmanager
 
 import torch
 
@@ -26,12 +28,14 @@ class OpsCapture:
         self.running = False
 
     def start(self) -> None:
-        self.prof.start()
+        with _quiet_kineto():
+            self.prof.start()
         self.running = True
 
     def stop(self) -> dict:
         """Stop, write the Chrome trace (atomically) -> {"trace", "phase_ms", "total_self_ms", "top": [...]}."""
-        self.prof.stop()
+        with _quiet_kineto():
+            self.prof.stop()
         self.running = False
         folder = os.path.dirname(os.path.abspath(self.trace_path))
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
@@ -46,6 +50,28 @@ class OpsCapture:
         summary = top_operators(self.prof.events(), self.cuda)
         summary["trace"] = os.path.basename(self.trace_path)
         return summary
+
+
+@contextmanager
+def _quiet_kineto():
+    """Kineto writes "USDT: ... profiler_start/stop" lines straight to fd 2; keep every other line."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            kept = [line for line in sink.read().splitlines(keepends=True) if not line.startswith(b"USDT:")]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def top_operators(events, cuda: bool = False, limit: int = TOP_OPS) -> dict:

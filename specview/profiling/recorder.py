@@ -148,6 +148,7 @@ class ProfileRecorder:
             self.notes.append(note)
             self.py_spy = None
         doc = self.profile(summaries, self.interrupted)
+        self._place_prefills(summaries)
         trace_meta = {"method": self.method, "target": self.meta["target"], "draft": self.meta["draft"],
                       "profile": os.path.basename(self.path)}
         try:
@@ -158,6 +159,16 @@ class ProfileRecorder:
         except OSError as err:
             raise SpecviewError(f"cannot write the profile to {self.dir}: {err.strerror}") from err
         return self.path
+
+    def _place_prefills(self, summaries) -> None:
+        """Each run's prefill ends where its first step starts (the engine prefills inside the first step())."""
+        prefill = {s.run: s.prefill_ms / 1000 for s in summaries or ()}
+        previous_end, run = self.origin, None
+        for rec in self.records:
+            if rec.step.get("run") != run:
+                run = rec.step.get("run")
+                rec.prefill_s = min(prefill.get(run, 0.0), max(rec.timing.t0 - previous_end, 0.0))
+            previous_end = rec.timing.t1
 
     def _meta(self) -> dict:
         meta = self.session.meta()
