@@ -1,0 +1,289 @@
+"""`specview` with no command: the TUI. The app wires keys to workers and messages to widgets; the
+widgets live in widgets/, the engine side in backend.py (no textual there). Models load and steps run
+in thread workers that talk back only through post_message."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.text import Text
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.widgets import Footer
+from textual.worker import get_current_worker
+
+from specview.errors import SpecviewError
+from specview.tui import messages as msg
+from specview.tui.backend import Backend, EngineBackend, SessionInfo, StepQueue
+from specview.tui.stats import LiveStats
+from specview.tui.widgets.help_screen import HelpScreen
+from specview.tui.widgets.loading import LoadingPanel
+from specview.tui.widgets.main_view import MainView
+from specview.tui.widgets.status import Status, StatusLine
+from specview.tui.widgets.too_small import MIN_HEIGHT, MIN_WIDTH, TooSmall
+
+REDRAW_S = 0.1  # while running, redraw at most this often
+
+
+class SpecviewApp(App[None]):
+    CSS_PATH = "specview.tcss"
+    TITLE = "specview"
+    HORIZONTAL_BREAKPOINTS = [(0, "-too-small"), (MIN_WIDTH, "-narrow"), (100, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-too-short"), (MIN_HEIGHT, "-short"), (34, "-tall")]
+    BINDINGS = [
+        Binding("space", "step", "Step"),
+        Binding("r", "toggle_run", "Run/pause"),
+        Binding("left", "browse(-1)", "Back", key_display="←"),
+        Binding("right", "browse(1)", "Fwd", key_display="→"),
+        Binding("plus,equals_sign", "change_k(1)", "K+", key_display="+"),
+        Binding("minus", "change_k(-1)", "K-", key_display="-"),
+        Binding("e", "export", "Export"),
+        Binding("n", "new_run", "New run", show=False),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("q", "quit", "Quit"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+    ]
+
+    def __init__(self, backend: Backend):
+        super().__init__()
+        self.backend = backend
+        self.info: SessionInfo | None = None  # set once the models are loaded
+        self.views: list = []  # StepView of each step of the run on screen
+        self.stats = LiveStats()
+        self.viewing: int | None = None  # index into views while browsing; None = the latest step
+        self.run_index = 0
+        self.state = "loading"
+        self.queue = StepQueue()  # space presses not yet stepped
+        self.running = False  # r: keep stepping
+        self.stepping = False  # a step worker is alive
+        self.failed = self.quitting = False
+        self.profile_path: str | None = None  # the profile saved on the way out
+        self._redraw_timer = None
+
+    def compose(self):
+        yield StatusLine(id="status")
+        yield LoadingPanel(f"loading {self.backend.target} (target) and {self.backend.draft} (draft)", id="loading")
+        yield MainView(id="main")
+        yield TooSmall(id="too-small")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.redraw()
+        self.load_models()
+
+    @property
+    def loaded(self) -> bool:
+        return self.info is not None
+
+    # workers: blocking engine calls, answers by post_message ---------------------------------
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="load")
+    def load_models(self) -> None:
+        try:
+            info, run = self.backend.load(lambda text: self.post_message(msg.LoadProgress(text)))
+        except SpecviewError as err:
+            self.post_message(msg.LoadFailed(f"specview: error: {err}"))
+        except Exception as err:  # noqa: BLE001 - any load failure ends the app with one line
+            self.post_message(msg.LoadFailed(f"specview: error: loading models failed: {type(err).__name__}: {err}"))
+        else:
+            self.post_message(msg.Loaded(info, run))
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="engine")
+    def step_worker(self) -> None:
+        worker, run_done = get_current_worker(), False
+        while not worker.is_cancelled and (self.running or self.queue.take()):
+            if self.backend.done:
+                run_done = True
+                break
+            try:
+                view = self.backend.step()
+            except Exception as err:  # noqa: BLE001 - shown in the error panel, the app lives on
+                self.post_message(msg.StepFailed(self.backend.steps_done, f"{type(err).__name__}: {err}"))
+                break
+            self.post_message(msg.StepDone(view))
+            if view.step.stop_reason:
+                run_done = True
+                break
+        self.post_message(msg.EngineIdle(run_done))
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="engine")
+    def new_run_worker(self) -> None:
+        self.post_message(msg.RunStarted(self.backend.new_run()))
+
+    @work(thread=True, exit_on_error=False, group="save")
+    def save_worker(self, final: bool) -> None:
+        try:
+            self.post_message(msg.ProfileSaved(self.backend.save(final=final), final=final))
+        except Exception as err:  # noqa: BLE001 - reported; quitting still quits
+            self.post_message(msg.ProfileSaved(None, f"{type(err).__name__}: {err}", final=final))
+
+    def _start_stepping(self) -> None:
+        if not self.stepping:
+            self.stepping = True
+            self.step_worker()
+
+    # messages from the workers ---------------------------------------------------------------
+
+    def on_load_progress(self, message: msg.LoadProgress) -> None:
+        self.query_one(LoadingPanel).show(message.text)
+
+    def on_load_failed(self, message: msg.LoadFailed) -> None:
+        self.exit(return_code=2, message=Text(message.message))
+
+    def on_loaded(self, message: msg.Loaded) -> None:
+        if not self.quitting:
+            self.info = message.info
+            self.screen.add_class("-loaded")
+            self.on_run_started(msg.RunStarted(message.run))
+
+    def on_run_started(self, message: msg.RunStarted) -> None:
+        self.views, self.viewing, self.run_index = [], None, message.run.index
+        self.stats = LiveStats(t_ar_ms=self.info.t_ar_ms)
+        self.failed, self.state = False, "paused"
+        self.query_one(MainView).clear_error()
+        self.redraw()
+
+    def on_step_done(self, message: msg.StepDone) -> None:
+        self.views.append(message.view)
+        self.stats.prefill_ms = message.view.prefill_ms
+        self.stats.add(message.view.step)
+        if not self.running:
+            self.redraw()
+        elif self._redraw_timer is None:
+            self._redraw_timer = self.set_timer(REDRAW_S, self._timed_redraw)
+
+    def _timed_redraw(self) -> None:
+        self._redraw_timer = None
+        self.redraw()
+
+    def on_step_failed(self, message: msg.StepFailed) -> None:
+        self.failed, self.running, self.state = True, False, "failed"
+        self.queue.clear()
+        self.query_one(MainView).show_error(message.step, message.error)
+        self.redraw()
+
+    def on_engine_idle(self, message: msg.EngineIdle) -> None:
+        self.stepping = False
+        if message.run_done:
+            self.running = False
+            self.queue.clear()
+            reason = self.views[-1].step.stop_reason if self.views else "done"
+            self.state = f"ended: {reason} · n new run"
+        elif self.quitting or self.failed:
+            pass
+        elif self.running or self.queue:
+            return self._start_stepping()  # asked for while the worker was finishing
+        else:
+            self.state = "paused"
+        self.redraw()
+
+    def on_profile_saved(self, message: msg.ProfileSaved) -> None:
+        if message.final:
+            self.profile_path = message.path
+            error = Text(f"specview: error: saving the profile failed: {message.error}") if message.error else None
+            self.exit(return_code=1 if error else 0, message=error)
+        elif message.error:
+            self.notify(message.error, title="export failed", severity="error")
+        else:
+            self.notify(message.path or "no profile for this engine", title="profile written", timeout=6)
+
+    # actions ---------------------------------------------------------------------------------
+
+    def _can_step(self) -> bool:
+        if not self.loaded or self.quitting:
+            return False
+        if self.failed:
+            self.notify("stepping stopped after the failed step: n starts a new run", severity="warning")
+        elif self.backend.done and not self.stepping:
+            self.notify("the run has ended: n starts a new run, q quits", severity="warning")
+        else:
+            return True
+        return False
+
+    def action_step(self) -> None:
+        if self._can_step():
+            self.viewing = None
+            if not self.running:
+                self.queue.add()
+                self._start_stepping()
+
+    def action_toggle_run(self) -> None:
+        if self.running:
+            self.running, self.state = False, "paused"
+        elif self._can_step():
+            self.running, self.state, self.viewing = True, "running", None
+            self._start_stepping()
+        self.redraw()
+
+    def action_browse(self, delta: int) -> None:
+        if self.views:
+            last = len(self.views) - 1
+            index = max(0, min(last, (last if self.viewing is None else self.viewing) + delta))
+            self.viewing = None if index == last else index
+            self.redraw()
+
+    def action_change_k(self, delta: int) -> None:
+        self.notify(f"K = {self.backend.set_k(self.backend.k + delta)} from the next step", timeout=2)
+        self.redraw()
+
+    def action_export(self) -> None:
+        if not self.loaded:
+            self.notify("nothing to export before the models load", severity="warning")
+        else:
+            self.save_worker(final=False)
+
+    def action_new_run(self) -> None:
+        if self.loaded and not self.stepping and not self.quitting:
+            self.running = False
+            self.new_run_worker()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        if self.quitting or not self.loaded:  # a second press, or nothing to save: out now
+            self.exit()
+            return
+        self.quitting, self.running, self.state = True, False, "saving the profile"
+        self.queue.clear()
+        self.redraw()
+        self.save_worker(final=True)  # waits for the step in flight, then exits
+
+    # drawing ---------------------------------------------------------------------------------
+
+    def redraw(self) -> None:
+        last = self.views[-1].step if self.views else None
+        narrow = self.screen.has_class("-narrow")  # the memory panel is hidden: RSS goes to the status line
+        self.query_one(StatusLine).show(Status(
+            state=self.state, steps=len(self.views), viewing=None if self.viewing is None else self.viewing + 1,
+            acceptance=self.stats.acceptance_rate, tokens_per_s=self.stats.tokens_per_s, k=self.backend.k,
+            temperature=self.backend.temperature, device=self.info.device if self.info else "",
+            rss_mb=last.memory_mb.get("rss") if narrow and last else None, run=self.run_index,
+        ))
+        if self.info is not None:
+            self.query_one(MainView).show(self.info, self.views, self.viewing, self.stats, self.backend.k,
+                                          compact=self.screen.has_class("-short"))
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.redraw)  # widgets pick their full or compact form from the size
+
+
+def tui_command(args) -> int:
+    """`specview [OPTIONS]`: run the TUI; print where the profile went once the screen is closed."""
+    from specview.session import Settings
+
+    backend = EngineBackend(Settings.from_args(args))
+    app = SpecviewApp(backend)
+    try:
+        app.run()
+    finally:
+        path = app.profile_path
+        if path is None and app.loaded and not app.quitting:  # the app crashed or was killed: save anyway
+            try:
+                path = backend.save(final=True)
+            except Exception as err:  # noqa: BLE001
+                print(f"specview: error: saving the profile failed: {err}", file=sys.stderr)
+        if path:
+            print(f"profile written: {path}", file=sys.stderr)
+    return app.return_code if app.return_code is not None else 1

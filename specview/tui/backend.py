@@ -1,0 +1,223 @@
+"""The engine as the TUI drives it: load, one step at a time, K between steps, profile saves.
+
+Every method blocks and is called from a worker thread; `lock` keeps one engine call at a time, so a
+save waits for the step in flight. No textual here: the app talks to this through its workers.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from specview.events import RunSummary, StepResult
+
+K_MAX = 32  # + stops here: wider blocks only waste draft forwards
+T_AR_FORWARDS = 7  # one-token target forwards timed after loading (after one warm-up)
+
+
+@dataclass
+class SessionInfo:
+    target: str
+    draft: str
+    device: str
+    temperature: float
+    max_new_tokens: int
+    prompt_text: str
+    t_ar_ms: float | None  # target time per token, one-token forwards, prefill excluded
+    load_s: float
+
+
+@dataclass
+class RunInfo:
+    index: int  # run number in this session, from 0
+
+
+@dataclass
+class StepView:
+    """A StepResult and the text of every token id it mentions (drafts, resample, residual, bonus),
+    decoded in context on the worker thread so the UI never touches the tokenizer."""
+
+    step: StepResult
+    texts: dict[int, str] = field(default_factory=dict)
+    prefill_ms: float = 0.0  # the run's prompt prefill (the first step runs it)
+
+
+class StepQueue:
+    """Steps asked for (space presses) and not yet run: added on the UI thread, taken by the worker."""
+
+    def __init__(self):
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self._count += 1
+
+    def take(self) -> bool:
+        with self._lock:
+            if self._count <= 0:
+                return False
+            self._count -= 1
+            return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._count = 0
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+
+class Backend:
+    def __init__(self, target: str, draft: str, k: int, temperature: float):
+        self.lock = threading.Lock()
+        self.target, self.draft, self.temperature = target, draft, temperature  # known before loading
+        self.k = k  # K for the next step; the app sets it, step() applies it under the lock
+
+    def set_k(self, k: int) -> int:
+        self.k = max(1, min(K_MAX, k))
+        return self.k
+
+    def load(self, on_progress: Callable[[str], None]) -> tuple[SessionInfo, RunInfo]:
+        raise NotImplementedError
+
+    def step(self) -> StepView:
+        raise NotImplementedError
+
+    def new_run(self) -> RunInfo:
+        raise NotImplementedError
+
+    @property
+    def done(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def steps_done(self) -> int:
+        """Completed steps of the current run (the index of the next one)."""
+        raise NotImplementedError
+
+    def save(self, final: bool = False) -> str | None:
+        """Write the session's profile; -> its path (None when there is nothing to write to)."""
+        return None
+
+
+class EngineBackend(Backend):
+    """The real engine: specview.session + a ProfileRecorder from specview.profiling."""
+
+    def __init__(self, settings):
+        super().__init__(settings.target, settings.draft, settings.k, settings.temperature)
+        self.settings = settings
+        self.session = None
+        self.decoder = None
+        self.recorder = None
+        self.run = None
+        self.runs: list = []
+
+    def load(self, on_progress):
+        from specview.profiling.recorder import ProfileRecorder
+        from specview.session import open_session
+
+        t0 = time.perf_counter()
+        session = open_session(self.settings, on_progress)
+        recorder = ProfileRecorder(session, "speculative", self.settings.profile_dir)
+        decoder = session.decoder("speculative", timer=recorder.timer)
+        on_progress("timing one-token target forwards")
+        t_ar_ms = time_target_token(decoder, session.prompt_ids)
+        recorder.attach(decoder)
+        with self.lock:
+            self.session, self.decoder, self.recorder = session, decoder, recorder
+        tok = session.target.tokenizer
+        info = SessionInfo(
+            target=session.target.spec, draft=session.draft.spec, device=str(session.device),
+            temperature=self.settings.temperature, max_new_tokens=self.settings.max_new_tokens,
+            prompt_text=tok.decode(session.prompt_ids), t_ar_ms=t_ar_ms, load_s=time.perf_counter() - t0,
+        )
+        return info, self.new_run()
+
+    def new_run(self) -> RunInfo:
+        with self.lock:
+            if self.run is not None and not self.run.done:
+                self.run.summary.stop_reason = "interrupted"
+            self.decoder.k = self.k
+            self.run = self.decoder.start(self.session.prompt_ids, self.settings.max_new_tokens)
+            self.runs.append(self.run)
+            return RunInfo(len(self.runs) - 1)
+
+    @property
+    def done(self) -> bool:
+        return self.run is None or self.run.done
+
+    @property
+    def steps_done(self) -> int:
+        return self.run.summary.steps if self.run is not None else 0
+
+    def step(self) -> StepView:
+        with self.lock:
+            run = self.run
+            run.k = self.k
+            before = run.tokens[-8:]
+            step = run.step()
+            self.recorder.add_step(step)
+            texts = token_texts(self.session.target.tokenizer.decode, before, step)
+            return StepView(step, texts, run.summary.prefill_ms)
+
+    @property
+    def summaries(self) -> list[RunSummary]:
+        return [r.summary for r in self.runs]
+
+    def save(self, final: bool = False) -> str | None:
+        with self.lock:
+            if self.recorder is None:
+                return None
+            decode = self.session.target.tokenizer.decode
+            for r in self.runs:
+                r.summary.text = decode(r.generated)
+            interrupted = final and self.run is not None and not self.run.done
+            if interrupted:
+                self.run.summary.stop_reason = "interrupted"
+            return str(self.recorder.save(self.summaries, interrupted=interrupted))
+
+
+def time_target_token(decoder, prompt_ids: list[int], forwards: int = T_AR_FORWARDS) -> float | None:
+    """t_ar: median wall time of one-token target forwards after the prompt (prefill excluded)."""
+    from specview.engine import new_cache
+
+    target = decoder.target
+    if decoder.context_len:
+        forwards = min(forwards, decoder.context_len - len(prompt_ids) - 2)
+    if forwards < 1:
+        return None
+    cache = new_cache(target)
+    logits = decoder.forward(target, cache, prompt_ids, keep=1)
+    token = int(logits[-1].argmax())
+    times = []
+    for _ in range(forwards + 1):  # the first one warms up
+        t0 = time.perf_counter()
+        logits = decoder.forward(target, cache, [token], keep=1)
+        token = int(logits[-1].argmax())  # the .item() waits for the device
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times[1:])
+
+
+def token_texts(decode, before: list[int], step: StepResult, context: int = 6) -> dict[int, str]:
+    """Text of each id the step mentions, decoded after the tokens it follows (leading spaces and
+    multi-byte pieces come out as in the output)."""
+    ctx = list(before[-context:])
+    out: dict[int, str] = {}
+
+    def piece(prefix: list[int], tok: int) -> str:
+        return decode(prefix + [tok])[len(decode(prefix)) :]
+
+    for i, tok in enumerate(step.drafted):
+        out.setdefault(tok, piece(ctx + step.drafted[:i], tok))
+    at = ctx + step.drafted[: step.accepted]
+    others = [step.resampled, step.bonus] + [int(t) for t, _ in step.residual_top or []]
+    for tok in others:
+        if tok is not None and tok not in out:
+            out[tok] = piece(at, tok)
+    for tok, text in zip(step.emitted, step.tokens):
+        out.setdefault(tok, text)
+    return out

@@ -1,0 +1,59 @@
+"""Messages from the engine workers to the app. Workers talk back only through post_message.
+Textual initialises dataclass messages through Message.__post_init__."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from specview.tui.backend import RunInfo, SessionInfo, StepView
+
+
+@dataclass
+class LoadProgress(Message):
+    text: str  # what is loading now
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, LoadProgress)
+
+
+@dataclass
+class Loaded(Message):
+    info: SessionInfo
+    run: RunInfo
+
+
+@dataclass
+class LoadFailed(Message):
+    message: str  # one line, as `specview run` prints it
+
+
+@dataclass
+class RunStarted(Message):
+    run: RunInfo
+
+
+@dataclass
+class StepDone(Message):
+    view: StepView
+
+
+@dataclass
+class StepFailed(Message):
+    step: int  # index of the step that raised
+    error: str
+
+
+@dataclass
+class EngineIdle(Message):
+    """The step worker stopped (nothing queued, paused, run ended or failed)."""
+
+    run_done: bool
+
+
+@dataclass
+class ProfileSaved(Message):
+    path: str | None
+    error: str | None = None
+    final: bool = False  # saved on the way out: exit next

@@ -1,0 +1,74 @@
+"""A scripted engine: replays recorded steps through the same app, with no model.
+
+The snapshot tests use it (stable pictures: every number comes from the recording). `record()` makes
+such a recording from any backend.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, fields
+
+from specview.events import StepResult
+from specview.tui.backend import Backend, RunInfo, SessionInfo, StepView
+
+SCHEMA = "specview.tui-replay/1"
+_STEP_FIELDS = {f.name for f in fields(StepResult)}
+
+
+class ReplayBackend(Backend):
+    def __init__(self, recording: dict, delay_s: float = 0.0, fail_at: int | None = None):
+        self.info = SessionInfo(**recording["info"])
+        super().__init__(self.info.target, self.info.draft, recording["k"], self.info.temperature)
+        self.views = [
+            StepView(StepResult(**{k: v for k, v in s["step"].items() if k in _STEP_FIELDS}),
+                     {int(i): t for i, t in s["texts"].items()}, s["prefill_ms"])
+            for s in recording["steps"]
+        ]
+        self.delay_s = delay_s  # pretend each step takes this long
+        self.fail_at = fail_at  # raise inside this step (tests the error panel)
+        self.position = 0
+        self.run_index = -1
+
+    def load(self, on_progress):
+        on_progress(f"loading target {self.info.target}")
+        return self.info, self.new_run()
+
+    def new_run(self) -> RunInfo:
+        with self.lock:
+            self.position = 0
+            self.run_index += 1
+            return RunInfo(self.run_index)
+
+    @property
+    def done(self) -> bool:
+        return self.position >= len(self.views)
+
+    @property
+    def steps_done(self) -> int:
+        return self.position
+
+    def step(self) -> StepView:
+        with self.lock:
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            if self.fail_at is not None and self.position == self.fail_at:
+                raise RuntimeError("scripted failure")
+            view = self.views[self.position]
+            self.position += 1
+            return view
+
+
+def record(backend: Backend, steps: int) -> dict:
+    """Load `backend`, run up to `steps` steps, and return a recording ReplayBackend can play."""
+    info, _ = backend.load(lambda msg: None)
+    views = []
+    while len(views) < steps and not backend.done:
+        views.append(backend.step())
+    return {
+        "schema": SCHEMA,
+        "k": backend.k,
+        "info": asdict(info),
+        "steps": [{"step": v.step.to_json(), "texts": {str(i): t for i, t in v.texts.items()},
+                   "prefill_ms": v.prefill_ms} for v in views],
+    }

@@ -1,0 +1,1 @@
+"""One widget per file; intrinsic styles in each DEFAULT_CSS, layout in ../specview.tcss."""

@@ -1,0 +1,64 @@
+"""Acceptance: overall and recent rate, per-position bars, tokens per step, measured vs theoretical speedup."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from specview.tui.render import SPARKS, bar, fmt, pct, sparkline
+from specview.tui.stats import RECENT, LiveStats
+
+
+class AcceptancePanel(Widget):
+    DEFAULT_CSS = """
+    AcceptancePanel { border: round $primary-darken-1; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.border_title = "acceptance"
+        self.stats = LiveStats()
+        self.k = 0
+
+    def show(self, stats: LiveStats, k: int) -> None:
+        self.stats, self.k = stats, k
+        self.refresh()
+
+    def render(self) -> Text:
+        st, width, height = self.stats, max(self.size.width, 20), self.size.height
+        out = Text(no_wrap=True, overflow="ellipsis")
+        out.append("rate ", style="dim")
+        out.append(pct(st.acceptance_rate), style="bold")
+        out.append(f"  last {RECENT} ", style="dim")
+        out.append(pct(st.recent_rate()))
+        out.append("  α ", style="dim")
+        out.append(fmt(st.alpha, "{:.3f}") + "\n")
+        positions = st.per_position
+        if positions and height >= len(positions) + 5:
+            bar_width = max(5, min(20, width - 18))
+            for i, (rate, n) in enumerate(positions):
+                out.append(f"pos {i + 1:<2} ", style="dim")
+                out.append(bar(rate, bar_width, "green"))
+                out.append(f" {fmt(rate, '{:>4.0%}')}", style="")
+                out.append(f" n={n}\n", style="dim")
+        elif positions:
+            out.append("by pos ", style="dim")
+            out.append("".join(SPARKS[round((r or 0) * (len(SPARKS) - 1))] for r, _ in positions), style="green")
+            out.append(" " + " ".join(fmt(r, "{:.0%}", "-") for r, _ in positions) + "\n")
+        else:
+            out.append("by pos  no steps yet\n", style="dim")
+        out.append("tok/step ", style="dim")
+        spark_width = max(5, width - 20)
+        out.append(sparkline([float(v) for v in st.tokens_per_step], spark_width, lo=0.0), style="cyan")
+        out.append(f" mean {fmt(st.mean_emitted)}\n")
+        out.append("speedup ", style="dim")
+        out.append(f"{fmt(st.measured_speedup, '{:.2f}x')}", style="bold")
+        out.append(" est.  theory ", style="dim")
+        out.append(f"{fmt(st.theoretical_speedup(), '{:.2f}x')}\n", style="bold")
+        out.append(f"c {fmt(st.c)}  v {fmt(st.v)}  t_ar {fmt(st.t_ar_ms, '{:.1f} ms')}\n", style="dim")
+        predicted = st.predicted(self.k) if self.k else None
+        if predicted:
+            e, speed = predicted
+            out.append(f"next K={self.k}: E(K) {e:.2f} → theory {fmt(speed, '{:.2f}x')}", style="dim")
+        out.rstrip()
+        return out

@@ -1,0 +1,123 @@
+"""The drafted block of one step: per position token, id, q(x), p(x), p/q, r and the verdict; beside it
+the resampled token and the residual's top candidates, or the bonus token."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.containers import Horizontal
+from textual.widgets import Static
+
+from specview.tui.backend import StepView
+from specview.tui.render import ORIGIN_STYLES, fmt, visible
+
+CELL = 9  # token text cells per position
+ROWS = ("token", "id", "q(x)", "p(x)", "p/q", "r", "")
+
+
+def _ratio(p: float, q: float) -> str:
+    if q <= 0:
+        return "inf"
+    v = p / q
+    return f"{v:.2f}" if v < 100 else ">99"
+
+
+class BlockView(Horizontal):
+    DEFAULT_CSS = """
+    BlockView { border: round $primary-darken-1; height: auto; }
+    BlockView > #cells { width: auto; max-width: 1fr; }
+    BlockView > #verdict { width: 1fr; min-width: 24; padding: 0 0 0 2; }
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.border_title = "block"
+        self.cells = Static(id="cells")
+        self.verdict = Static(id="verdict")
+
+    def compose(self):
+        yield self.cells
+        yield self.verdict
+
+    def show(self, view: StepView | None, number: int, total: int, greedy: bool, compact: bool = False) -> None:
+        """`compact` (short screens): no position header, no id row."""
+        if view is None:
+            self.border_title = "block"
+            self.border_subtitle = ""
+            self.cells.update(Text("press space to draft and verify one block", style="dim"))
+            self.verdict.update("")
+            return
+        s = view.step
+        self.border_title = f"block · step {number}/{total}" if number != total else f"block · step {number}"
+        sub = f"K {s.k}" + (f" (drafted {len(s.drafted)})" if len(s.drafted) != s.k else "")
+        self.border_subtitle = f"{sub} · {s.wall_ms:.1f} ms"
+        self.cells.update(self._table(view, greedy, compact))
+        self.verdict.update(self._verdict(view, greedy))
+
+    def _table(self, view: StepView, greedy: bool, compact: bool) -> Table:
+        s = view.step
+        table = Table(box=None, show_header=not compact, header_style="bold", pad_edge=False, padding=(0, 1))
+        table.add_column("pos", style="dim", no_wrap=True)
+        for i in range(len(s.drafted)):
+            table.add_column(str(i + 1), justify="right", no_wrap=True, max_width=CELL)
+        if not s.drafted:
+            table.add_column("")
+        columns = []
+        for i, tok in enumerate(s.drafted):
+            px, qx = s.p[i], s.q[i]
+            if i < s.accepted:
+                verdict, style = "✓ accept", "green"
+            elif i == s.rejected_at:
+                verdict, style = "✗ reject", "bold red"
+            elif s.stop_reason == "eos" and s.rejected_at is None:
+                verdict, style = "cut: eos", "dim"
+            else:
+                verdict, style = "· unseen", "dim"
+            r = "—" if greedy or s.r is None else f"{s.r[i]:.3f}"
+            columns.append([
+                Text(visible(view.texts.get(tok, "?"), CELL), style=style),
+                Text(str(tok), style="dim"),
+                Text(f"{qx:.3f}"),
+                Text(f"{px:.3f}"),
+                Text(_ratio(px, qx), style="bold" if not greedy else ""),
+                Text(r),
+                Text(verdict, style=style),
+            ])
+        label = {"r": "r" if not greedy else "r (greedy)", "": ""}
+        for row, name in enumerate(ROWS):
+            if compact and name == "id":
+                continue
+            table.add_row(label.get(name, name), *[col[row] for col in columns] or [Text("no drafts", style="dim")])
+        return table
+
+    def _verdict(self, view: StepView, greedy: bool) -> Text:
+        s, texts = view.step, view.texts
+        out = Text()
+
+        def token(tok: int, style: str) -> None:
+            out.append(visible(texts.get(tok, "?"), 16), style=style)
+            out.append(f"  id {tok}\n", style="dim")
+
+        if s.rejected_at is not None:
+            out.append(f"✗ rejected at position {s.rejected_at + 1}\n", style="bold red")
+            out.append("resampled ", style="dim")
+            token(s.resampled, ORIGIN_STYLES["resampled"])
+            what = "target argmax" if greedy else "max(0, p − q), top"
+            out.append(f"from {what}:\n", style="dim")
+            for tok, prob in (s.residual_top or [])[: 3 if greedy else 5]:
+                tok = int(tok)
+                out.append(f"  {visible(texts.get(tok, '?'), 12):<12} ", style="bold" if tok == s.resampled else "")
+                out.append(f"{prob:6.3f}  ", style="")
+                out.append(f"id {tok}\n", style="dim")
+        elif s.bonus is not None:
+            out.append(f"✓ all {len(s.drafted)} accepted\n" if s.drafted else "no drafts this step\n",
+                       style="bold green")
+            out.append("bonus ", style="dim")
+            token(s.bonus, ORIGIN_STYLES["bonus"])
+            out.append(f"from p at position {len(s.drafted) + 1}\n", style="dim")
+        if s.stop_reason:
+            out.append(f"run ended: {s.stop_reason}\n", style="bold magenta")
+        out.append(f"emitted {len(s.emitted)} token{'s' if len(s.emitted) != 1 else ''}", style="dim")
+        if s.memory_mb.get("rss") is not None:
+            out.append(f" · rss {fmt(s.memory_mb['rss'], '{:.0f}')} MB", style="dim")
+        return out

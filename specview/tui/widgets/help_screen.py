@@ -1,0 +1,63 @@
+"""`?`: the keys, the colours and what the numbers mean."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+KEYS = [
+    ("space", "draft and verify one block (one step)"),
+    ("r", "run / pause continuous stepping"),
+    ("← →", "browse earlier steps (the block view shows that step)"),
+    ("+ -", "change K, the tokens drafted per step, for the next steps"),
+    ("e", "export the profile now (--profile-dir)"),
+    ("n", "new run from the same prompt (after a run ends)"),
+    ("?", "this help"),
+    ("q", "quit (also ctrl+q, ctrl+c); the profile is saved and its path printed"),
+]
+METRICS = [
+    ("rate", "accepted draft tokens / drafted tokens"),
+    ("α", "accepted / (accepted + rejections): per-token acceptance probability"),
+    ("tok/step", "tokens emitted per target forward (includes the resampled or bonus token)"),
+    ("t_ar", "one-token target forward, timed after loading"),
+    ("c", "draft forward time per drafted token / t_ar"),
+    ("v", "mean verify forward time / t_ar"),
+    ("theory", "E / (K c + v): a zero-overhead engine with these models"),
+    ("speedup est.", "tokens × t_ar / time of the steps"),
+    ("p/q, r", "a draft is accepted when r ≤ p(x)/q(x); greedy: when it is the target's argmax"),
+]
+
+
+def help_text() -> Table:
+    table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2))
+    table.add_column(style="bold cyan", no_wrap=True)
+    table.add_column()
+    for key, what in KEYS:
+        table.add_row(key, what)
+    table.add_row("", "")
+    table.add_row("colours", Text.assemble(("prompt", "dim"), "  ", ("accepted draft", "green"), "  ",
+                                           ("resampled after a rejection", "bold red"), "  ",
+                                           ("bonus (all K accepted)", "bold blue")))
+    table.add_row("", "")
+    for name, what in METRICS:
+        table.add_row(name, what)
+    return table
+
+
+class HelpScreen(ModalScreen):
+    BINDINGS = [Binding("escape,question_mark,q", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll { width: 90; max-width: 100%; height: auto; max-height: 100%;
+                                  border: round $accent; background: $surface; padding: 0 1; }
+    """
+
+    def compose(self):
+        with VerticalScroll() as box:
+            box.border_title = "specview keys"
+            box.border_subtitle = "esc to close"
+            yield Static(help_text())

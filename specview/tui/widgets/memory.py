@@ -1,0 +1,49 @@
+"""Memory: process RSS and, where there is a device, allocated and peak; RSS as a sparkline."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from specview.tui.render import fmt, sparkline
+from specview.tui.stats import LiveStats
+
+
+class MemoryPanel(Widget):
+    DEFAULT_CSS = """
+    MemoryPanel { border: round $primary-darken-1; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.border_title = "memory (MB)"
+        self.stats = LiveStats()
+        self.device = ""
+
+    def show(self, stats: LiveStats, device: str) -> None:
+        self.stats, self.device = stats, device
+        self.refresh()
+
+    def render(self) -> Text:
+        st = self.stats
+        width = max(self.size.width, 10)
+        out = Text(no_wrap=True, overflow="ellipsis")
+        rss = st.memory_series("rss")
+        if not rss:
+            out.append("no steps yet", style="dim")
+            return out
+        out.append("rss  ", style="dim")
+        out.append(f"{rss[-1]:.0f}", style="bold")
+        out.append(f"  peak {max(rss):.0f}\n", style="dim")
+        out.append(sparkline(rss, width) + "\n", style="magenta")
+        alloc = st.memory_series("device_allocated")
+        if alloc:
+            peak = st.memory_series("device_peak")
+            out.append(f"{self.device} alloc ", style="dim")
+            out.append(f"{alloc[-1]:.0f}", style="bold")
+            out.append(f"  peak {fmt(max(peak) if peak else None, '{:.0f}')}\n", style="dim")
+            out.append(sparkline(alloc, width) + "\n", style="magenta")
+        else:
+            out.append(f"{self.device or 'cpu'}: no device memory\n", style="dim")
+        out.rstrip()
+        return out

@@ -1,0 +1,80 @@
+"""Per-phase timing: the last step and the mean per step, with bars (share of the step's wall time)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.widget import Widget
+
+from specview.events import StepResult
+from specview.tui.render import bar, fmt
+from specview.tui.stats import PHASE_ROWS, LiveStats
+
+NESTED = {"softmax": "in sample", "layernorm": "in forwards"}
+COMPACT_ENTRY = 17  # "softmax 9999/9999"
+SHORT_NAMES = {"layernorm": "lnorm"}
+
+
+class TimingPanel(Widget):
+    DEFAULT_CSS = """
+    TimingPanel { border: round $primary-darken-1; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.border_title = "time per step (ms)"
+        self.border_subtitle = "this step / mean"
+        self.stats = LiveStats()
+        self.step: StepResult | None = None
+
+    def show(self, stats: LiveStats, step: StepResult | None) -> None:
+        """`step`: the step on view (its column is "last", or the browsed step)."""
+        self.stats, self.step = stats, step
+        self.refresh()
+
+    def render(self) -> Table | Text:
+        st, s = self.stats, self.step
+        if s is None:
+            return Text("no steps yet", style="dim")
+        mean_wall = st.mean_wall_ms or 0.0
+        if self.size.height >= len(PHASE_ROWS) + 2:
+            return self._table(st, s, mean_wall)
+        return self._compact(st, s)
+
+    def _table(self, st: LiveStats, s: StepResult, mean_wall: float) -> Table:
+        table = Table(box=None, pad_edge=False, padding=(0, 1), header_style="bold", expand=True)
+        table.add_column("phase", no_wrap=True)
+        table.add_column("step", justify="right", no_wrap=True)
+        table.add_column("mean", justify="right", no_wrap=True)
+        table.add_column("share", ratio=1, no_wrap=True)
+        bar_width = max(4, self.size.width - 30)
+        for name in PHASE_ROWS:
+            mean = st.phase_mean(name)
+            nested = name in NESTED
+            style = "dim" if nested else ""
+            share = (mean or 0.0) / mean_wall if mean_wall else None
+            table.add_row(Text(("  " if nested else "") + name, style=style), fmt(s.phases_ms.get(name), "{:.1f}"),
+                          fmt(mean, "{:.1f}"), bar(share, bar_width, "yellow" if nested else "cyan"))
+        table.add_row(Text("wall", style="bold"), Text(f"{s.wall_ms:.1f}", style="bold"),
+                      Text(fmt(st.mean_wall_ms, "{:.1f}"), style="bold"), "")
+        return table
+
+    def _compact(self, st: LiveStats, s: StepResult) -> Text:
+        """Short screens: `phase step/mean` entries in as many columns as fit."""
+        entries = [(name, s.phases_ms.get(name), st.phase_mean(name)) for name in PHASE_ROWS]
+        entries.append(("wall", s.wall_ms, st.mean_wall_ms))
+        columns = max(1, (self.size.width + 1) // (COMPACT_ENTRY + 1))
+        rows = -(-len(entries) // columns)
+        out = Text()
+        for r in range(rows):
+            for c, (name, last, mean) in enumerate(entries[r::rows]):
+                cell = f"{SHORT_NAMES.get(name, name):<7} {_short(last)}/{_short(mean)}"
+                out.append(cell.ljust(COMPACT_ENTRY) + (" " if c < columns - 1 else ""),
+                           style="dim" if name in NESTED else "bold" if name == "wall" else "")
+            out.append("\n")
+        out.rstrip()
+        return out
+
+
+def _short(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms:.0f}" if ms >= 100 else f"{ms:.1f}"

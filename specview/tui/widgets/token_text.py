@@ -1,0 +1,45 @@
+"""The text so far: prompt, then every token coloured by origin, the block on view highlighted."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from specview.tui.backend import StepView
+from specview.tui.render import HIGHLIGHT, ORIGIN_STYLES
+
+
+def origins(view: StepView) -> list[str]:
+    s = view.step
+    out = ["accepted"] * min(s.accepted, len(s.emitted))
+    if len(s.emitted) > s.accepted:
+        out.append("resampled" if s.rejected_at is not None else "bonus")
+    return out
+
+
+class TokenText(VerticalScroll):
+    DEFAULT_CSS = """
+    TokenText { border: round $primary-darken-1; padding: 0 1; }
+    TokenText > Static { width: 1fr; }
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.border_title = "text"
+        self.border_subtitle = "prompt · [green]accepted[/] · [bold red]resampled[/] · [bold blue]bonus[/]"
+        self.body = Static()
+
+    def compose(self):
+        yield self.body
+
+    def show(self, prompt: str, views: list[StepView], highlight: int | None, live: bool) -> None:
+        text = Text(prompt, style=ORIGIN_STYLES["prompt"])
+        for i, view in enumerate(views):
+            on_view = highlight == i
+            for piece, origin in zip(view.step.tokens, origins(view)):
+                style = ORIGIN_STYLES[origin] + (" " + HIGHLIGHT if on_view else "")
+                text.append(piece, style=style)
+        self.body.update(text)
+        if live:
+            self.call_after_refresh(self.scroll_end, animate=False)

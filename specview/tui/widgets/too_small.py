@@ -1,0 +1,18 @@
+"""Says so when the terminal is smaller than the layout needs, instead of a garbled screen."""
+
+from __future__ import annotations
+
+from textual.widgets import Static
+
+MIN_WIDTH, MIN_HEIGHT = 80, 24
+
+
+class TooSmall(Static):
+    DEFAULT_CSS = """
+    TooSmall { display: none; width: 1fr; height: 1fr; content-align: center middle; text-align: center;
+               color: $warning; }
+    """
+
+    def show(self, width: int, height: int) -> None:
+        self.update(f"Terminal too small: {width}x{height}.\nspecview needs at least {MIN_WIDTH}x{MIN_HEIGHT}."
+                    "\nEnlarge the window, or press q to quit.")
