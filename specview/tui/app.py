@@ -29,11 +29,12 @@ REDRAW_S = 0.1  # while running, redraw at most this often
 class SpecviewApp(App[None]):
     CSS_PATH = "specview.tcss"
     TITLE = "specview"
+    ENABLE_COMMAND_PALETTE = False  # the footer needs the room at 80 columns
     HORIZONTAL_BREAKPOINTS = [(0, "-too-small"), (MIN_WIDTH, "-narrow"), (100, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-too-short"), (MIN_HEIGHT, "-short"), (34, "-tall")]
     BINDINGS = [
         Binding("space", "step", "Step"),
-        Binding("r", "toggle_run", "Run/pause"),
+        Binding("r", "toggle_run", "Run"),
         Binding("left", "browse(-1)", "Back", key_display="←"),
         Binding("right", "browse(1)", "Fwd", key_display="→"),
         Binding("plus,equals_sign", "change_k(1)", "K+", key_display="+"),
@@ -47,6 +48,7 @@ class SpecviewApp(App[None]):
 
     def __init__(self, backend: Backend):
         super().__init__()
+        self.error_console.soft_wrap = True  # the exit message stays one line, however long
         self.backend = backend
         self.info: SessionInfo | None = None  # set once the models are loaded
         self.views: list = []  # StepView of each step of the run on screen

@@ -100,7 +100,11 @@ class Backend:
         raise NotImplementedError
 
     def save(self, final: bool = False) -> str | None:
-        """Write the session's profile; -> its path (None when there is nothing to write to)."""
+        """Write the session's profile once the step in flight is done; -> its path (None: no profile)."""
+        with self.lock:
+            return self._save(final)
+
+    def _save(self, final: bool) -> str | None:
         return None
 
 
@@ -168,17 +172,16 @@ class EngineBackend(Backend):
     def summaries(self) -> list[RunSummary]:
         return [r.summary for r in self.runs]
 
-    def save(self, final: bool = False) -> str | None:
-        with self.lock:
-            if self.recorder is None:
-                return None
-            decode = self.session.target.tokenizer.decode
-            for r in self.runs:
-                r.summary.text = decode(r.generated)
-            interrupted = final and self.run is not None and not self.run.done
-            if interrupted:
-                self.run.summary.stop_reason = "interrupted"
-            return str(self.recorder.save(self.summaries, interrupted=interrupted))
+    def _save(self, final: bool) -> str | None:
+        if self.recorder is None:
+            return None
+        decode = self.session.target.tokenizer.decode
+        for r in self.runs:
+            r.summary.text = decode(r.generated)
+        interrupted = final and self.run is not None and not self.run.done
+        if interrupted:
+            self.run.summary.stop_reason = "interrupted"
+        return str(self.recorder.save(self.summaries, interrupted=interrupted))
 
 
 def time_target_token(decoder, prompt_ids: list[int], forwards: int = T_AR_FORWARDS) -> float | None:

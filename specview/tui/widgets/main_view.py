@@ -29,7 +29,8 @@ class MainView(Vertical):
         """`viewing`: index of the browsed step, None = the latest; `k`: K of the next step."""
         index = len(views) - 1 if viewing is None else viewing
         view = views[index] if views else None
-        self.query_one(TokenText).show(info.prompt_text, views, index if views else None, viewing is None)
+        self.query_one(TokenText).show(info.prompt_text, views, index if views else None, viewing is None,
+                                       f"target {info.target} · draft {info.draft}")
         self.query_one(BlockView).show(view, index + 1, len(views), info.temperature == 0, compact)
         self.query_one(AcceptancePanel).show(stats, k)
         self.query_one(TimingPanel).show(stats, view.step if view else None)

@@ -18,7 +18,9 @@ def origins(view: StepView) -> list[str]:
     return out
 
 
-class TokenText(VerticalScroll):
+class TokenText(VerticalScroll, can_focus=False):
+    """Not focusable: a focused scroll container would take ←/→ (browsing) for scrolling."""
+
     DEFAULT_CSS = """
     TokenText { border: round $primary-darken-1; padding: 0 1; }
     TokenText > Static { width: 1fr; }
@@ -33,7 +35,8 @@ class TokenText(VerticalScroll):
     def compose(self):
         yield self.body
 
-    def show(self, prompt: str, views: list[StepView], highlight: int | None, live: bool) -> None:
+    def show(self, prompt: str, views: list[StepView], highlight: int | None, live: bool, title: str = "") -> None:
+        self.border_title = f"text · {title}" if title else "text"
         text = Text(prompt, style=ORIGIN_STYLES["prompt"])
         for i, view in enumerate(views):
             on_view = highlight == i

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from textual.widgets import Static
+from textual.widget import Widget
 
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 
 
-class TooSmall(Static):
+class TooSmall(Widget):
     DEFAULT_CSS = """
     TooSmall { display: none; width: 1fr; height: 1fr; content-align: center middle; text-align: center;
                color: $warning; }
     """
 
-    def show(self, width: int, height: int) -> None:
-        self.update(f"Terminal too small: {width}x{height}.\nspecview needs at least {MIN_WIDTH}x{MIN_HEIGHT}."
-                    "\nEnlarge the window, or press q to quit.")
+    def render(self) -> str:
+        width, height = self.app.size
+        return (f"Terminal too small: {width}x{height}.\nspecview needs at least {MIN_WIDTH}x{MIN_HEIGHT}."
+                "\nEnlarge the window, or press q to quit.")

@@ -1,0 +1,281 @@
+"""The TUI driven through Pilot: the real engine over tiny models (no hub), and the scripted engine
+for faults. Each test asserts what a person would read on the screen."""
+
+import json
+import os
+
+import pytest
+from textual.worker import WorkerCancelled
+
+import tiny
+from specview.session import Settings
+from specview.tui.app import SpecviewApp
+from specview.tui.backend import EngineBackend
+from specview.tui.replay import ReplayBackend
+from specview.tui.widgets.acceptance import AcceptancePanel
+from specview.tui.widgets.block_view import BlockView
+from specview.tui.widgets.error_panel import ErrorPanel
+from specview.tui.widgets.help_screen import HelpScreen
+from specview.tui.widgets.status import StatusLine
+from specview.tui.widgets.token_text import TokenText
+from specview.tui.widgets.too_small import TooSmall
+
+pytestmark = pytest.mark.asyncio
+RECORDING = os.path.join(os.path.dirname(__file__), "tui_recording.json")
+
+
+@pytest.fixture(scope="module")
+def tui_pair(tiny_dir):
+    """A target and a noisy copy of it as draft: some drafts pass, some are rejected."""
+    tok = tiny.make_tokenizer(16)
+    target = tiny.make_model("llama", 16, 7, scale=3.0)
+    t = tiny.save(target, tok, tiny_dir / "tui-target")
+    d = tiny.save(tiny.perturbed(target, 0.4, seed=2), tok, tiny_dir / "tui-draft")
+    return t, d
+
+
+@pytest.fixture
+def make_app(tui_pair, tmp_path):
+    def make(**overrides):
+        settings = Settings(target=tui_pair[0], draft=tui_pair[1], prompt="w1 w2 w3", max_new_tokens=40, k=3,
+                            temperature=1.0, seed=1, ignore_eos=True, profile_dir=str(tmp_path / "profiles"))
+        for name, value in overrides.items():
+            setattr(settings, name, value)
+        return SpecviewApp(EngineBackend(settings))
+
+    return make
+
+
+def replay_app(**kwargs) -> SpecviewApp:
+    with open(RECORDING) as f:
+        return SpecviewApp(ReplayBackend(json.load(f), **kwargs))
+
+
+async def settle(app, pilot) -> None:
+    """Wait until no worker runs and every message they posted has been handled."""
+    for _ in range(200):
+        if app._exit:  # exiting: the app cancels its own workers
+            return
+        try:
+            await app.workers.wait_for_complete()
+        except WorkerCancelled:  # q was pressed: the app cancels its workers on the way out
+            return
+        await pilot.pause()
+        if not app.stepping and not any(w.is_running for w in app.workers):
+            return
+    raise AssertionError("the workers never settled")
+
+
+def status(app) -> str:
+    return app.query_one(StatusLine).render().plain
+
+
+def profiles(app) -> list[str]:
+    folder = app.backend.settings.profile_dir
+    return sorted(f for f in os.listdir(folder) if f.endswith(".json") and ".trace" not in f
+                  and ".speedscope" not in f) if os.path.isdir(folder) else []
+
+
+async def test_three_steps_show_status_block_and_acceptance(make_app):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        assert app.loaded and "step 0" in status(app)
+        for _ in range(3):
+            await pilot.press("space")
+        await settle(app, pilot)
+        line = status(app)
+        assert "step 3" in line and "K 3" in line and "T 1" in line and "cpu" in line
+        steps = [v.step for v in app.views]
+        assert [s.step for s in steps] == [0, 1, 2]
+        rate = sum(s.accepted for s in steps) / sum(len(s.drafted) for s in steps)
+        assert f"acc {rate:.1%}" in line
+        block = app.query_one(BlockView)
+        assert block.border_title == "block · step 3"
+        assert all(len(s.drafted) == 3 for s in steps)
+        acceptance = app.query_one(AcceptancePanel).render().plain
+        assert f"rate {rate:.1%}" in acceptance and "pos 1" in acceptance and "pos 3" in acceptance
+        assert "t_ar" in acceptance and app.info.t_ar_ms > 0
+        text = app.query_one(TokenText).body.content.plain
+        assert text.startswith("w1 w2 w3")
+        assert text.endswith("".join(steps[-1].tokens))
+
+
+async def test_browse_back_and_forth(make_app):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        for _ in range(3):
+            await pilot.press("space")
+        await settle(app, pilot)
+        await pilot.press("left")
+        assert "step 2/3" in status(app)
+        assert app.query_one(BlockView).border_title == "block · step 2/3"
+        await pilot.press("left", "left", "left")  # stops at the first step
+        assert "step 1/3" in status(app)
+        await pilot.press("right")
+        assert "step 2/3" in status(app)
+        await pilot.press("right")
+        assert "step 3" in status(app) and "/3" not in status(app).split("│")[0]
+        await pilot.press("left", "space")  # a new step returns to the live view
+        await settle(app, pilot)
+        assert "step 4 " in status(app)
+
+
+async def test_plus_minus_change_k_for_the_next_steps(make_app):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("space")
+        await settle(app, pilot)
+        await pilot.press("plus", "plus")
+        assert "K 5" in status(app)
+        await pilot.press("space")
+        await settle(app, pilot)
+        await pilot.press("minus", "minus", "minus", "minus", "minus", "minus")  # K stops at 1
+        assert "K 1" in status(app)
+        await pilot.press("space")
+        await settle(app, pilot)
+        assert [v.step.k for v in app.views] == [3, 5, 1]
+        assert [len(v.step.drafted) for v in app.views] == [3, 5, 1]
+        assert "K 1" in app.query_one(BlockView).border_subtitle
+
+
+async def test_e_exports_a_profile_and_quit_rewrites_it(make_app):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("space", "space")
+        await settle(app, pilot)
+        await pilot.press("e")
+        await settle(app, pilot)
+        (name,) = profiles(app)
+        path = os.path.join(app.backend.settings.profile_dir, name)
+        with open(path) as f:
+            doc = json.load(f)
+        assert doc["schema"] == "specview.profile/1" and len(doc["steps"]) == 2
+        assert os.path.exists(path.replace(".json", ".trace.json"))
+        await pilot.press("space")
+        await settle(app, pilot)
+        await pilot.press("q")
+        await settle(app, pilot)
+    assert app.return_code == 0
+    assert app.profile_path == path  # the same files, rewritten with every step
+    with open(path) as f:
+        assert len(json.load(f)["steps"]) == 3
+
+
+@pytest.mark.parametrize("key", ["q", "ctrl+q", "ctrl+c"])
+async def test_every_quit_key_writes_a_profile(make_app, key):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("space")
+        await settle(app, pilot)
+        await pilot.press(key)
+        await settle(app, pilot)
+    assert app.return_code == 0
+    assert app.profile_path and os.path.exists(app.profile_path)
+    with open(app.profile_path) as f:
+        doc = json.load(f)
+    assert len(doc["steps"]) == 1 and doc["summary"]["interrupted"] is True  # quit before the run ended
+
+
+async def test_r_runs_to_the_end_then_says_so(make_app):
+    app = make_app(max_new_tokens=12)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("r")
+        await settle(app, pilot)
+        assert "ended: length" in status(app)
+        assert sum(len(v.step.emitted) for v in app.views) == 12
+        assert app.views[-1].step.stop_reason == "length"
+        await pilot.press("space")  # nothing more to step: a notice, no crash
+        await pilot.press("n")  # a new run from the same prompt
+        await settle(app, pilot)
+        assert "step 0" in status(app) and "run 2" in status(app)
+        await pilot.press("space")
+        await settle(app, pilot)
+        assert app.views[0].step.run == 1
+
+
+async def test_load_failure_exits_2_with_one_line(make_app, tmp_path, capsys):
+    app = make_app(target=str(tmp_path / "no-such-model"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+    assert app.return_code == 2
+    err = capsys.readouterr().err  # printed once the screen is closed
+    (line,) = [line for line in err.splitlines() if line.strip()]
+    assert line.startswith("specview: error: model folder not found: ") and line.endswith("save_pretrained)")
+    assert app.profile_path is None
+
+
+async def test_step_exception_shows_a_panel_and_the_profile_is_still_saved(make_app):
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("space")
+        await settle(app, pilot)
+
+        def broken():
+            raise RuntimeError("out of cheese")
+
+        app.backend.run.step = broken
+        await pilot.press("space")
+        await settle(app, pilot)
+        panel = app.query_one(ErrorPanel)
+        assert panel.display and panel.border_title == "step 2 failed"
+        assert "RuntimeError: out of cheese" in panel.content.plain
+        assert "failed" in status(app)
+        await pilot.press("space")  # refused with a notice
+        await settle(app, pilot)
+        assert len(app.views) == 1
+        await pilot.press("q")
+        await settle(app, pilot)
+    with open(app.profile_path) as f:
+        assert len(json.load(f)["steps"]) == 1
+
+
+async def test_scripted_failure_names_the_step():
+    app = replay_app(fail_at=2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("r")
+        await settle(app, pilot)
+        assert len(app.views) == 2
+        assert app.query_one(ErrorPanel).border_title == "step 3 failed"
+
+
+async def test_quit_during_a_slow_step_waits_for_it_and_exits():
+    app = replay_app(delay_s=0.5)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("space")
+        await pilot.pause(0.1)
+        assert app.stepping and "step 0" in status(app)  # the screen answers while the step runs
+        await pilot.press("left", "plus")  # keys work mid-step
+        await pilot.press("q")
+        await settle(app, pilot)
+    assert app.return_code == 0
+    assert app.backend.position == 1  # the step in flight finished, no other started
+
+
+async def test_help_lists_every_key():
+    app = replay_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+    keys = {b.key for b in app.BINDINGS}
+    assert {"space", "r", "left", "right", "plus,equals_sign", "minus", "e", "question_mark", "q", "ctrl+c"} <= keys
+
+
+async def test_too_small_terminal_says_so():
+    app = replay_app()
+    async with app.run_test(size=(60, 20)) as pilot:
+        await settle(app, pilot)
+        assert app.query_one(TooSmall).display
+        assert not app.query_one("#main").display
+        assert "Terminal too small: 60x20" in app.query_one(TooSmall).render()

@@ -1,0 +1,36 @@
+"""SVG snapshots of the main screen (pytest-textual-snapshot), from the scripted engine replaying steps
+recorded on the bundled pair (tests/tui_recording.json), so every number in the picture is stable.
+
+Update after an intended change: `pytest tests/test_tui_snapshots.py --snapshot-update`, then look at
+the pictures (snapshot_report.html lists any difference)."""
+
+from test_tui import replay_app, settle
+
+
+def after(*keys: str):
+    async def run_before(pilot) -> None:
+        await settle(pilot.app, pilot)
+        for key in keys:
+            await pilot.press(key)
+            await settle(pilot.app, pilot)
+
+    return run_before
+
+
+TWELVE_STEPS = ["space"] * 12  # the 12th step rejects its 2nd draft: the residual shows
+
+
+def test_main_screen_120x40(snap_compare):
+    assert snap_compare(replay_app(), terminal_size=(120, 40), run_before=after(*TWELVE_STEPS))
+
+
+def test_main_screen_80x24(snap_compare):
+    assert snap_compare(replay_app(), terminal_size=(80, 24), run_before=after(*TWELVE_STEPS))
+
+
+def test_run_to_the_end_then_browse_back_120x40(snap_compare):
+    assert snap_compare(replay_app(), terminal_size=(120, 40), run_before=after("r", "left", "left", "left"))
+
+
+def test_before_the_first_step_80x24(snap_compare):
+    assert snap_compare(replay_app(), terminal_size=(80, 24), run_before=after())
