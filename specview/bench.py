@@ -1,0 +1,254 @@
+"""`specview bench`: is speculative decoding worth it for this pair, and how far from its best is it?
+
+Methods on the same prompt, N and settings, each warmed up once, then timed in interleaved rounds
+(A B C A B C ...) so machine drift hits all alike: autoregressive (target alone), speculative,
+draft_autoregressive (draft alone) and, with `--peer hf`, transformers' generate() (hf_generate) and
+assisted generation (hf_assisted). Then the metrics of DESIGN.md, a rich table, `--json` and a
+bench file in --profile-dir that `specview report` renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from specview.bench_methods import DRAFTING, PEERS, make_methods
+from specview.bench_metrics import (
+    BENCH_SCHEMA,
+    method_stats,
+    predict,
+    public,
+    recommend,
+    same_tokens,
+    speculative_metrics,
+    sweep_inputs,
+)
+from specview.bench_table import render
+from specview.errors import SpecviewError
+from specview.session import Settings, open_session
+
+BENCH_DEFAULTS = {"temperature": 0.0, "max_new_tokens": 48, "ignore_eos": True}
+METHOD_ORDER = ("autoregressive", "speculative", "draft_autoregressive", "hf_generate", "hf_assisted")
+
+
+def parse_sweep(text: str) -> list[int]:
+    """'1,2,3,4,6,8' -> [1, 2, 3, 4, 6, 8]; anything else is a one-line usage error."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not p for p in parts):
+        raise argparse.ArgumentTypeError(f"--sweep-k needs a comma-separated list of K >= 1 like 1,2,4,8, got {text!r}")
+    try:
+        ks = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sweep-k needs integers like 1,2,4,8, got {text!r}") from None
+    if any(k < 1 for k in ks):
+        raise argparse.ArgumentTypeError(f"--sweep-k values must be >= 1, got {text!r}")
+    return sorted(set(ks))
+
+
+def _num_runs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--num-runs must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--num-runs must be >= 1, got {text}")
+    return value
+
+
+def build_bench_parser(parser_class, add_run_options) -> argparse.ArgumentParser:
+    p = parser_class(
+        prog="specview bench",
+        description="Time autoregressive, speculative and draft-only decoding (and with --peer hf, "
+                    "transformers' generate() and assisted generation) side by side on the same prompt.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Bench defaults differ from `run`: greedy (--temperature 0), -N 48 and --ignore-eos, so every "
+               "method emits the same number of tokens and, greedy, the same tokens.\n"
+               "The metrics (c, v, ideal / theoretical speedup, efficiency) follow DESIGN.md; see README.",
+    )
+    add_run_options(p)
+    p.set_defaults(**BENCH_DEFAULTS)
+    for action in p._actions:  # show the bench defaults in --help
+        if action.dest == "temperature":
+            action.help = "0 = greedy for both models (bench default 0)"
+        elif action.dest == "max_new_tokens":
+            action.help = "tokens to generate (bench default 48)"
+        elif action.dest == "ignore_eos":
+            action.help = "keep going past the end-of-sequence token (bench default: on)"
+    g = p.add_argument_group("bench")
+    g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="stop at EOS (methods may then emit different numbers of tokens)")
+    g.add_argument("--num-runs", "-R", type=_num_runs, default=5, help="timed rounds after the warm-up (default 5)")
+    g.add_argument("--peer", choices=sorted(PEERS), default=None,
+                   help="also time a peer implementation: hf = transformers generate() and assisted generation")
+    g.add_argument("--sweep-k", type=parse_sweep, default=None, metavar="K,K,..",
+                   help="measure speculative decoding at each K (e.g. 1,2,3,4,6,8) and recommend one")
+    g.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON (specview.bench/1)")
+    g.add_argument("--no-profile", action="store_true", help="do not write the bench file to --profile-dir")
+    return p
+
+
+def bench_command(args) -> int:
+    settings = Settings.from_args(args)
+    ks = sorted(set(args.sweep_k or []) | {settings.k})
+    stdout, stderr = Console(highlight=False), Console(stderr=True, highlight=False)
+    if not stdout.is_terminal:
+        stdout.width = max(stdout.width, 132)  # a file or pipe gets the whole table, not 80 columns
+    load_start = os.getloadavg()
+    records: dict[tuple[str, int | None], list] = {}
+    with bench_progress(stderr) as progress:
+        loading = progress.add_task("loading models", total=2)
+
+        def on_progress(msg: str) -> None:
+            if "draft" in msg:
+                progress.update(loading, completed=1)
+            progress.update(loading, description=msg)
+
+        session = open_session(settings, on_progress)
+        progress.update(loading, completed=2, description="models loaded")
+        torch.manual_seed(settings.seed)  # the peers sample from torch's global generator
+        generator = torch.Generator(device=session.device).manual_seed(settings.seed)
+        methods = make_methods(session, args.peer, generator)
+        plan = [(name, k if name in DRAFTING else None) for name in methods
+                for k in (ks if name in DRAFTING else [None])]
+        task = progress.add_task("warm-up", total=len(plan) * (1 + args.num_runs))
+
+        def on_run(label: str | None) -> None:  # a label before each run, None after it
+            if label is None:
+                progress.advance(task)
+            else:
+                progress.update(task, description=label)
+
+        interrupted = run_rounds(methods, plan, args.num_runs, records, on_run)
+    complete = min((len(v) for v in records.values()), default=0)
+    if complete == 0 or len(records) < len(plan):
+        raise KeyboardInterrupt
+    records = {key: runs[:complete] for key, runs in records.items()}  # whole rounds only
+    doc = build_doc(session, args, ks, records, load_start)
+    if interrupted:
+        doc["interrupted_after_rounds"] = complete
+    stdout.print(render(doc))
+    if args.json:
+        _write(args.json, doc, "--json")
+        stderr.print(f"bench results written: {args.json}")
+    if not args.no_profile:
+        path = bench_file_path(args.profile_dir or settings.profile_dir, settings)
+        _write(path, doc, "--profile-dir")
+        stderr.print(f"bench file written: {path}  (show it with `specview report {path}`)")
+    return 130 if interrupted else 0
+
+
+def run_rounds(methods: dict, plan: list, num_runs: int, records: dict, on_run=lambda label: None) -> bool:
+    """Warm each (method, K) up once, then time `num_runs` rounds of the whole plan in order
+    (A B C A B C ...) so that drift of the machine hits every method alike. Fills `records`;
+    returns True if Ctrl-C stopped the rounds (the warm-up is not interruptible this way)."""
+    for name, k in plan:
+        on_run(f"warm-up {_label(name, k)}")
+        methods[name].run(k)
+        on_run(None)
+    try:
+        for r in range(num_runs):
+            for name, k in plan:
+                on_run(f"round {r + 1}/{num_runs} {_label(name, k)}")
+                records.setdefault((name, k), []).append(methods[name].run(k))
+                on_run(None)
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
+def _label(name: str, k: int | None) -> str:
+    return f"{name} K={k}" if k is not None else name
+
+
+def bench_progress(console: Console) -> Progress:
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=console.is_terminal)
+
+
+def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
+    s = session.settings
+    ar = records[("autoregressive", None)]
+    ar_mean = method_stats(ar)["mean_s"]
+    greedy = s.temperature == 0
+    reference = ar[0].generated_ids
+
+    def check(name: str, k: int | None):
+        """Greedy: every run of a target-distribution method must emit our autoregressive tokens."""
+        if not greedy:
+            return None
+        results = [same_tokens(reference, r.generated_ids) for r in records[(name, k)]]
+        bad = [x for x in results if not x["same"]]
+        return bad[0] if bad else results[0]
+
+    entries = []
+    for k in ks:
+        spec = records[("speculative", k)]
+        entry = speculative_metrics(k, spec, ar)
+        entry["methods"] = {"speculative": method_stats(spec, ar_mean)}
+        entry["same_tokens"] = {"speculative": check("speculative", k)}
+        if ("hf_assisted", k) in records:
+            entry["methods"]["hf_assisted"] = method_stats(records[("hf_assisted", k)], ar_mean)
+            entry["same_tokens"]["hf_assisted"] = check("hf_assisted", k)
+        entry.update(sweep_inputs(spec))
+        entries.append(entry)
+    if args.sweep_k:
+        predict(entries)
+    main = next(e for e in entries if e["k"] == s.k)
+    methods = {}
+    for name in METHOD_ORDER:
+        if name in main["methods"]:
+            methods[name] = main["methods"][name]
+        elif (name, None) in records:
+            methods[name] = method_stats(records[(name, None)], ar_mean)
+    same = {name: check(name, None) for name in ("hf_generate",) if (name, None) in records}
+    same.update(main["same_tokens"])
+    config = {**s.to_json(), "num_runs": args.num_runs, "peer": args.peer,
+              "sweep_k": ",".join(map(str, args.sweep_k)) if args.sweep_k else None,
+              "prompt_tokens": len(session.prompt_ids)}
+    doc = {"schema": BENCH_SCHEMA, "config": config, "methods": methods}
+    doc.update({key: value for key, value in public(main).items() if key not in ("methods", "same_tokens")})
+    doc["same_tokens"] = same if greedy else None
+    if args.sweep_k:
+        doc["sweep"] = [public(e) for e in entries if e["k"] in args.sweep_k]
+        doc["recommended_k"] = recommend([e for e in entries if e["k"] in args.sweep_k])
+    doc["meta"] = {**session.meta(), "load_avg": {"start": list(load_start), "end": list(os.getloadavg())},
+                   "load_s": session.load_s}
+    return json.loads(json.dumps(doc, allow_nan=False))  # fail here, not halfway through a write
+
+
+def bench_file_path(folder: str, settings: Settings) -> str:
+    from specview.profiling.recorder import clean_name
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise SpecviewError(f"--profile-dir: cannot create {folder}: {err.strerror}") from err
+    t = time.time()
+    while True:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(t)) + f"-{int(t * 1000) % 1000:03d}"
+        path = os.path.join(folder, f"{stamp}-{clean_name(settings.target)}-{clean_name(settings.draft)}.bench.json")
+        if not os.path.exists(path):
+            return path
+        t += 0.001
+
+
+def _write(path: str, doc: dict, option: str) -> None:
+    from specview.profiling.export import write_json_atomic
+
+    try:
+        write_json_atomic(path, doc, indent=1)
+    except OSError as err:
+        raise SpecviewError(f"{option}: cannot write {path}: {err.strerror}") from err

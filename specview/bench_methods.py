@@ -1,0 +1,178 @@
+"""The methods `specview bench` times: our engine (autoregressive, speculative, draft_autoregressive)
+and, with `--peer hf`, transformers' own `generate()` (hf_generate) and assisted generation
+(hf_assisted). Each method object runs one generation per call and returns a RunRecord.
+
+The peers do the same work as ours: same models, prompt, N and sampling settings, EOS handled the
+same way, and hf_assisted drafts exactly K tokens per step (transformers reads those knobs from the
+assistant's generation_config, not from generate() arguments).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from specview.engine import eos_token_ids
+from specview.events import RunSummary
+
+OURS = ("autoregressive", "speculative", "draft_autoregressive")
+PEERS = {"hf": ("hf_generate", "hf_assisted")}
+DRAFTING = ("speculative", "hf_assisted")  # methods whose work depends on K
+
+
+@dataclass
+class RunRecord:
+    """One timed generation. Engine methods also carry their step counters and phase sums."""
+
+    method: str
+    k: int | None  # drafted tokens per step asked for; None for methods without a draft
+    wall_s: float  # the whole generation call, prefill included, same clock for every method
+    generated_ids: list[int]
+    summary: RunSummary | None = None  # engine methods only
+    phases_ms: dict[str, float] = field(default_factory=dict)  # summed over the run's steps
+
+    @property
+    def tokens(self) -> int:
+        return len(self.generated_ids)
+
+    def to_json(self) -> dict:
+        out = {"wall_s": self.wall_s, "tokens": self.tokens,
+               "tokens_per_s": self.tokens / self.wall_s if self.wall_s > 0 else None}
+        s = self.summary
+        if s is not None:
+            out.update(prefill_s=s.prefill_ms / 1000, steps=s.steps, drafted=s.drafted, accepted=s.accepted,
+                       acceptance_rate=s.acceptance_rate, mean_emitted_per_step=s.mean_emitted_per_step,
+                       stop_reason=s.stop_reason, phases_ms=dict(self.phases_ms))
+        return out
+
+
+class EngineMethod:
+    """One of our three methods on a Decoder; K is set per call (the sweep shares one decoder)."""
+
+    def __init__(self, session, method: str, generator: torch.Generator):
+        self.name = method
+        self.session = session
+        self.decoder = session.decoder(method)
+        self.decoder.generator = generator  # one generator for the whole command (DESIGN: seeded once)
+
+    def run(self, k: int | None = None) -> RunRecord:
+        s = self.session.settings
+        if k is not None:
+            self.decoder.k = k
+        phases: dict[str, float] = defaultdict(float)
+        t0 = time.perf_counter()
+        run = self.decoder.start(self.session.prompt_ids, s.max_new_tokens)
+        while not run.done:
+            step = run.step()
+            for name, ms in step.phases_ms.items():
+                phases[name] += ms
+        wall = time.perf_counter() - t0
+        return RunRecord(self.name, k if self.name == "speculative" else None, wall, list(run.generated),
+                         run.summary, dict(phases))
+
+
+class HFMethod:
+    """transformers' generate() on the same models: alone (hf_generate) or assisted by the draft."""
+
+    def __init__(self, session, assisted: bool):
+        self.name = "hf_assisted" if assisted else "hf_generate"
+        self.session = session
+        self.assisted = assisted
+        self.target = session.target.model
+        self.draft = session.draft.model if assisted else None
+        self.input_ids = torch.tensor([session.prompt_ids], dtype=torch.long, device=session.device)
+        self.attention_mask = torch.ones_like(self.input_ids)
+        with quiet_transformers():
+            self.config = generation_config(session)
+
+    def run(self, k: int | None = None) -> RunRecord:
+        kwargs = {}
+        if self.assisted:
+            set_assistant_knobs(self.draft, k or self.session.settings.k)
+            kwargs["assistant_model"] = self.draft
+        with quiet_transformers(), no_eos(self.target, self.draft, self.session.settings.ignore_eos):
+            t0 = time.perf_counter()
+            out = self.target.generate(self.input_ids, attention_mask=self.attention_mask,
+                                       generation_config=self.config, **kwargs)
+            wall = time.perf_counter() - t0
+        ids = out[0, self.input_ids.shape[1]:].tolist()
+        return RunRecord(self.name, k if self.assisted else None, wall, ids)
+
+
+def generation_config(session):
+    """A complete GenerationConfig with our settings: every knob that changes the distribution is set,
+    so nothing falls back to the model's generation_config.json or to transformers' defaults
+    (top_k=50 among them)."""
+    from transformers import GenerationConfig
+
+    s = session.settings
+    tok = session.target.tokenizer
+    eos = sorted(eos_token_ids(session.target))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
+    greedy = s.temperature == 0
+    return GenerationConfig(
+        max_new_tokens=s.max_new_tokens, min_new_tokens=0, min_length=0, do_sample=not greedy,
+        temperature=1.0 if greedy else s.temperature, top_k=0 if greedy else s.top_k,
+        top_p=1.0 if greedy else s.top_p, min_p=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
+        repetition_penalty=1.0, encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1,
+        num_return_sequences=1, length_penalty=1.0, bad_words_ids=None, suppress_tokens=None,
+        begin_suppress_tokens=None, forced_bos_token_id=None, forced_eos_token_id=None, use_cache=True,
+        eos_token_id=None if s.ignore_eos else eos, pad_token_id=pad,
+    )
+
+
+def set_assistant_knobs(draft_model, k: int) -> None:
+    """Exactly K drafts per step, every step: passed to generate() these are silently ignored, and the
+    heuristic schedule writes its state back into the assistant's config, so reset before each run."""
+    gc = draft_model.generation_config
+    gc.num_assistant_tokens = k
+    gc.num_assistant_tokens_schedule = "constant"
+    gc.assistant_confidence_threshold = 0.0
+
+
+@contextmanager
+def no_eos(target, draft, active: bool):
+    """--ignore-eos for generate(): the models' generation_config would fill an unset eos_token_id back
+    in, so unset it there for the call. (min_new_tokens would instead forbid EOS: another distribution.)"""
+    if not active:
+        yield
+        return
+    models = [m for m in (target, draft) if m is not None]
+    saved = [m.generation_config.eos_token_id for m in models]
+    try:
+        for m in models:
+            m.generation_config.eos_token_id = None
+        yield
+    finally:
+        for m, eos in zip(models, saved):
+            m.generation_config.eos_token_id = eos
+
+
+@contextmanager
+def quiet_transformers():
+    """generate() warns about flags we set on purpose (top_k with greedy) and about assisted decoding's
+    own internal calls; none of it concerns the user of bench."""
+    from transformers.utils import logging as hf_logging
+
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(previous)
+
+
+def make_methods(session, peer: str | None, generator: torch.Generator) -> dict:
+    """name -> method object, in table order."""
+    methods = {name: EngineMethod(session, name, generator) for name in OURS}
+    if peer:
+        methods["hf_generate"] = HFMethod(session, assisted=False)
+        methods["hf_assisted"] = HFMethod(session, assisted=True)
+    return methods

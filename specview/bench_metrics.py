@@ -1,0 +1,151 @@
+"""From timed runs to the numbers `specview bench` reports (DESIGN.md "Metrics"): per-method mean/std
+and tokens/s, acceptance, c, v, ideal / theoretical / measured speedup, efficiency, and for a sweep the
+K recommended by measurement and by prediction (E(K) from alpha)."""
+
+from __future__ import annotations
+
+import statistics
+
+from specview.bench_methods import RunRecord
+from specview.events import _clean, expected_tokens_per_step, ratio
+
+BENCH_SCHEMA = "specview.bench/1"
+
+
+def method_stats(records: list[RunRecord], baseline_mean_s: float | None = None) -> dict:
+    """mean_s / std_s over runs (sample std, 0 for one run); tokens_per_s = all tokens / all seconds."""
+    walls = [r.wall_s for r in records]
+    mean = statistics.fmean(walls) if walls else None
+    out = {
+        "mean_s": mean,
+        "std_s": statistics.stdev(walls) if len(walls) > 1 else 0.0 if walls else None,
+        "tokens_per_s": ratio(sum(r.tokens for r in records), sum(walls)),
+        "speedup": ratio(baseline_mean_s, mean) if baseline_mean_s and mean else None,
+        "runs": [r.to_json() for r in records],
+    }
+    return out
+
+
+def _sum(records: list[RunRecord], attr: str) -> float:
+    return sum(getattr(r.summary, attr) for r in records if r.summary is not None)
+
+
+def _phase(records: list[RunRecord], name: str) -> float:
+    return sum(r.phases_ms.get(name, 0.0) for r in records)
+
+
+def target_ms_per_token(ar_records: list[RunRecord]) -> float | None:
+    """t_ar: one-token target forwards in autoregressive decoding, prefill excluded (the verify phase of
+    an autoregressive step is exactly that forward)."""
+    return ratio(_phase(ar_records, "verify"), _sum(ar_records, "steps"))
+
+
+def speculative_metrics(k: int, spec: list[RunRecord], ar: list[RunRecord]) -> dict:
+    """Everything DESIGN.md defines for one K, from the speculative and autoregressive runs."""
+    steps = _sum(spec, "steps")
+    drafted, accepted, rejections = _sum(spec, "drafted"), _sum(spec, "accepted"), _sum(spec, "rejections")
+    emitted = sum(r.tokens for r in spec)
+    per_drafted: list[int] = []
+    per_accepted: list[int] = []
+    for r in spec:
+        for i, (d, a) in enumerate(zip(r.summary.per_position_drafted, r.summary.per_position_accepted)):
+            if i >= len(per_drafted):
+                per_drafted.append(0)
+                per_accepted.append(0)
+            per_drafted[i] += d
+            per_accepted[i] += a
+    t_ar = target_ms_per_token(ar)
+    draft_ms = ratio(_phase(spec, "draft"), drafted)
+    verify_ms = ratio(_phase(spec, "verify"), steps)
+    c = ratio(draft_ms, t_ar) if draft_ms is not None else None
+    v = ratio(verify_ms, t_ar) if verify_ms is not None else None
+    e = ratio(emitted, steps)
+    alpha = ratio(accepted, accepted + rejections)
+    ideal = theoretical = None
+    if e is not None and c is not None and v is not None:
+        ideal = e / (k * c + 1)
+        theoretical = e / (k * c + v)
+    ar_mean = _mean_wall(ar)
+    spec_mean = _mean_wall(spec)
+    speedup = ratio(ar_mean, spec_mean) if ar_mean and spec_mean else None
+    step_ms = {name: ratio(_phase(spec, name), steps) for name in ("draft", "verify", "sample", "cache", "other")}
+    return {
+        "k": k,
+        "acceptance_rate": ratio(accepted, drafted),
+        "alpha": alpha,
+        "mean_emitted_per_step": e,
+        "expected_tokens_per_step": expected_tokens_per_step(alpha, k) if alpha is not None else None,
+        "per_position_acceptance": [ratio(a, d) for a, d in zip(per_accepted, per_drafted)],
+        "target_ms_per_token": t_ar,
+        "draft_ms_per_token": draft_ms,
+        "verify_ms": verify_ms,
+        "cost_ratio": c,
+        "verify_cost_ratio": v,
+        "ideal_speedup": ideal,
+        "theoretical_speedup": theoretical,
+        "speedup": speedup,
+        "efficiency": ratio(speedup, theoretical) if speedup is not None and theoretical else None,
+        "step_ms": step_ms,  # mean per speculative step: where the time goes
+        "overhead_share": _overhead_share(spec),
+    }
+
+
+def _overhead_share(spec: list[RunRecord]) -> float | None:
+    """Share of the step time outside the two models' forwards (sample, cache, other)."""
+    total = sum(_phase(spec, n) for n in ("draft", "verify", "sample", "cache", "other"))
+    return ratio(sum(_phase(spec, n) for n in ("sample", "cache", "other")), total)
+
+
+def _mean_wall(records: list[RunRecord]) -> float | None:
+    return statistics.fmean(r.wall_s for r in records) if records else None
+
+
+def predict(entries: list[dict]) -> None:
+    """Add to each sweep entry the speedup predicted from alpha pooled over the sweep: E(K) from alpha,
+    c pooled (a draft token costs the same at any K), v measured at that K (a longer verify costs more)."""
+    accepted = sum(e["_accepted"] for e in entries)
+    rejections = sum(e["_rejections"] for e in entries)
+    alpha = ratio(accepted, accepted + rejections)
+    draft_ms = ratio(sum(e["_draft_ms"] for e in entries), sum(e["_drafted"] for e in entries))
+    t_ar = next((e["target_ms_per_token"] for e in entries if e.get("target_ms_per_token")), None)
+    c = ratio(draft_ms, t_ar) if draft_ms is not None and t_ar else None
+    for e in entries:
+        k, v = e["k"], e.get("verify_cost_ratio")
+        e_k = expected_tokens_per_step(alpha, k) if alpha is not None else None
+        e["predicted"] = {
+            "alpha": alpha,
+            "expected_tokens_per_step": e_k,
+            "cost_ratio": c,
+            "speedup": e_k / (k * c + v) if e_k is not None and c is not None and v is not None else None,
+            "ideal_speedup": e_k / (k * c + 1) if e_k is not None and c is not None else None,
+        }
+
+
+def recommend(entries: list[dict]) -> dict:
+    """The K with the best measured speedup, and the one the prediction picks."""
+
+    def best(key):
+        scored = [(key(e), e["k"]) for e in entries if key(e) is not None]
+        return max(scored)[1] if scored else None
+
+    return {"measured": best(lambda e: e.get("speedup")),
+            "predicted": best(lambda e: (e.get("predicted") or {}).get("speedup"))}
+
+
+def sweep_inputs(spec: list[RunRecord]) -> dict:
+    """Private sums predict() pools over the sweep (dropped before the JSON is written)."""
+    return {"_accepted": _sum(spec, "accepted"), "_rejections": _sum(spec, "rejections"),
+            "_drafted": _sum(spec, "drafted"), "_draft_ms": _phase(spec, "draft")}
+
+
+def public(entry: dict) -> dict:
+    return _clean({k: v for k, v in entry.items() if not k.startswith("_")})
+
+
+def same_tokens(reference: list[int], other: list[int]) -> dict:
+    """Token-for-token comparison; `first_difference` is the index of the first differing token."""
+    n = min(len(reference), len(other))
+    first = next((i for i in range(n) if reference[i] != other[i]), None)
+    if first is None and len(reference) != len(other):
+        first = n
+    return {"same": first is None, "first_difference": first}

@@ -1,0 +1,107 @@
+"""The rich tables `specview bench` prints, drawn from the bench document (the same dict --json writes)."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+PHASES = ("draft", "verify", "sample", "cache", "other")
+
+
+def fmt(v, spec: str = "{:.2f}") -> str:
+    return "n/a" if v is None else spec.format(v)
+
+
+def render(doc: dict) -> Group:
+    c = doc["config"]
+    head = (f"target {c['target']} · draft {c['draft']} · N {c['max_new_tokens']} · K {c['k']} · "
+            f"temperature {c['temperature']} · top-k {c['top_k']} · top-p {c['top_p']} · "
+            f"{c['num_runs']} rounds · prompt {c['prompt_tokens']} tokens · ignore EOS {c['ignore_eos']}")
+    meta = doc.get("meta") or {}
+    load = (meta.get("load_avg") or {}).get("start")
+    machine = (f"{meta.get('cpu')} · {meta.get('device')} · {meta.get('threads')} threads"
+               + (f" · load average {load[0]:.2f} at start" if load else ""))
+    parts = [Text(head, style="bold"), Text(machine, style="dim"), methods_table(doc), metrics_table(doc)]
+    if doc.get("sweep"):
+        parts.append(sweep_table(doc))
+    if doc.get("interrupted_after_rounds") is not None:
+        parts.append(Text(f"interrupted: results from {doc['interrupted_after_rounds']} complete rounds",
+                          style="yellow"))
+    return Group(*parts)
+
+
+def methods_table(doc: dict) -> Table:
+    same = doc.get("same_tokens")
+    table = Table(title="methods (mean over rounds)", title_justify="left")
+    for col in ("method", "mean s", "std s", "tokens/s", "speedup vs autoregressive", "same tokens as autoregressive"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for name, m in doc["methods"].items():
+        k = f" (K={doc['k']})" if name in ("speculative", "hf_assisted") else ""
+        table.add_row(name + k, fmt(m["mean_s"], "{:.3f}"), fmt(m["std_s"], "{:.3f}"),
+                      fmt(m["tokens_per_s"], "{:.1f}"), fmt(m.get("speedup"), "{:.2f}x"),
+                      _same(same, name))
+    return table
+
+
+def _same(same: dict | None, name: str) -> str:
+    if name == "autoregressive":
+        return "reference"
+    if same is None:
+        return "n/a (sampling)"
+    result = same.get(name)
+    if result is None:
+        return ""
+    return "yes" if result["same"] else f"no (from token {result['first_difference']})"
+
+
+def metrics_table(doc: dict) -> Table:
+    table = Table(title=f"speculative decoding at K={doc['k']}", title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    table.add_column(style="dim")
+    rows = [
+        ("acceptance rate", fmt(doc.get("acceptance_rate"), "{:.1%}"), "accepted drafts / drafted"),
+        ("alpha", fmt(doc.get("alpha"), "{:.3f}"), "accepted / (accepted + rejections)"),
+        ("mean tokens per step", fmt(doc.get("mean_emitted_per_step")), "E: tokens / target forwards"),
+        ("per-position acceptance", " ".join(fmt(x, "{:.0%}") for x in doc.get("per_position_acceptance") or []),
+         "position 1..K"),
+        ("target ms per token t_ar", fmt(doc.get("target_ms_per_token")), "one-token target forward (autoregressive)"),
+        ("cost ratio c", fmt(doc.get("cost_ratio"), "{:.3f}"), "draft forward per drafted token / t_ar"),
+        ("verify cost ratio v", fmt(doc.get("verify_cost_ratio"), "{:.3f}"), "verify forward / t_ar"),
+        ("ideal speedup", fmt(doc.get("ideal_speedup"), "{:.2f}x"), "E / (K c + 1): the papers' formula"),
+        ("theoretical speedup", fmt(doc.get("theoretical_speedup"), "{:.2f}x"), "E / (K c + v): zero-overhead engine"),
+        ("measured speedup", fmt(doc.get("speedup"), "{:.2f}x"), "autoregressive s / speculative s"),
+        ("efficiency", fmt(doc.get("efficiency"), "{:.1%}"), "measured / theoretical"),
+    ]
+    step = doc.get("step_ms") or {}
+    total = sum(v for v in step.values() if v) or None
+    if total:
+        split = "  ".join(f"{p} {fmt(step.get(p))}" for p in PHASES)
+        rows.append(("ms per step", split, "outside the forwards: " + fmt(doc.get("overhead_share"), "{:.1%}")))
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def sweep_table(doc: dict) -> Table:
+    rec = doc.get("recommended_k") or {}
+    table = Table(title=f"sweep over K (recommended: K={rec.get('measured')} measured, "
+                        f"K={rec.get('predicted')} predicted)", title_justify="left",
+                  caption="E = tokens per step measured, E(K) = predicted from alpha; speedups are over "
+                          "autoregressive; predicted = E(K) / (K c + v)", caption_justify="left")
+    cols = ("K", "accept", "alpha", "E", "E(K)", "c", "v", "tokens/s", "speedup", "predicted", "theoretical",
+            "efficiency", "hf_assisted")
+    for col in cols:
+        table.add_column(col, justify="right")
+    for e in doc["sweep"]:
+        pred = e.get("predicted") or {}
+        hf = (e.get("methods") or {}).get("hf_assisted") or {}
+        spec = (e.get("methods") or {}).get("speculative") or {}
+        table.add_row(str(e["k"]), fmt(e.get("acceptance_rate"), "{:.0%}"), fmt(e.get("alpha"), "{:.3f}"),
+                      fmt(e.get("mean_emitted_per_step")), fmt(pred.get("expected_tokens_per_step")),
+                      fmt(e.get("cost_ratio"), "{:.3f}"), fmt(e.get("verify_cost_ratio")),
+                      fmt(spec.get("tokens_per_s"), "{:.1f}"), fmt(e.get("speedup"), "{:.2f}x"),
+                      fmt(pred.get("speedup"), "{:.2f}x"), fmt(e.get("theoretical_speedup"), "{:.2f}x"),
+                      fmt(e.get("efficiency"), "{:.0%}"), fmt(hf.get("speedup"), "{:.2f}x"))
+    return table
