@@ -110,6 +110,8 @@ def run_command(args) -> int:
     decoder = session.decoder(method, timer=recorder.timer if recorder else None)
     if recorder:
         recorder.attach(decoder)
+        for note in recorder.take_notes():  # e.g. py-spy cannot attach: say it now, the run goes on
+            err_console.print(note, soft_wrap=True)
     if not args.quiet:
         console.print(_legend(method))
     summaries: list[RunSummary] = []
@@ -148,7 +150,7 @@ def run_command(args) -> int:
         if recorder:
             path = recorder.save(summaries, interrupted=interrupted)
             err_console.print(f"profile written: {path}", soft_wrap=True)  # a path stays whole for copy-paste
-            for note in recorder.notes:
+            for note in recorder.take_notes():
                 err_console.print(note, soft_wrap=isinstance(note, str))
     summary_console = Console(stderr=to_stdout)
     if not summary_console.is_terminal:

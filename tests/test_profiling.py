@@ -329,3 +329,38 @@ def test_profiler_never_imports_textual():
             "specview.profiling.pyspy, specview.engine, specview.runner; "
             "sys.exit(1 if any(m == 'textual' or m.startswith('textual.') for m in sys.modules) else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_py_spy_without_ptrace_says_so_in_one_line(tmp_path, monkeypatch):
+    from specview.profiling import pyspy
+
+    fake = tmp_path / "py-spy"
+    fake.write_text("#!/bin/sh\necho 'Error: Permission Denied: Try running again with elevated permissions' >&2\n"
+                    "exit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(pyspy, "find_py_spy", lambda: str(fake))
+    message = pyspy.PySpy(str(tmp_path / "out.json")).start()
+    assert message == pyspy.PTRACE_HELP and "\n" not in message and "CAP_SYS_PTRACE" in message
+
+
+def test_autosave_and_trace_cap(gpt2_paths, tmp_path, monkeypatch):
+    from specview.profiling import export
+    from specview.profiling import recorder as recorder_module
+
+    monkeypatch.setattr(recorder_module, "AUTOSAVE_S", 0.0)
+    monkeypatch.setattr(export, "MAX_NESTED_EVENTS", 30)
+    session = session_for(gpt2_paths, n=6)
+    recorder = ProfileRecorder(session, "speculative", str(tmp_path))
+    decoder = session.decoder("speculative", timer=recorder.timer)
+    recorder.attach(decoder)
+    run = decoder.start(session.prompt_ids, 6)
+    recorder.add_step(run.step())
+    with open(recorder.path) as f:  # written between steps, before any save(): survives a hard crash
+        assert json.load(f)["summary"]["steps"] == 1
+    while not run.done:
+        recorder.add_step(run.step())
+    recorder.save([run.summary])
+    _, profile, trace, _ = profile_files(tmp_path)
+    assert_trace_nests(trace)
+    norms = [e for e in trace["traceEvents"] if e.get("name") == "layernorm"]
+    assert 0 < len(norms) <= 30 and "note" in trace["otherData"]

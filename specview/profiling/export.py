@@ -21,6 +21,7 @@ PHASE_TRACK = {"draft": 2, "verify": 3, "sample": 4, "softmax": 4, "cache": 1}
 NESTED_TRACK = {"draft": 2, "verify": 3, "sample": 4, "cache": 1}  # nested span -> track of its enclosing phase
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
+MAX_NESTED_EVENTS = 200_000  # norm-call events per trace file (about 700 steps of the bundled pair)
 RANK = {"step": 0, "draft": 1, "verify": 1, "sample": 1, "cache": 1}  # at equal times, parents open first
 
 
@@ -48,7 +49,7 @@ def _ns(t: float, origin: float) -> int:
     return int(round((t - origin) * 1e9))
 
 
-def _intervals(rec: StepRecord, origin: float) -> list[tuple[int, int, str, int, str | None]]:
+def _intervals(rec: StepRecord, origin: float, nested: bool = True) -> list[tuple[int, int, str, int, str | None]]:
     """(start_ns, end_ns, name, rank, enclosing phase) of the step, its phases and nested spans, in open order."""
     tm = rec.timing
     out = [(_ns(tm.t0, origin), _ns(tm.t1, origin), "step", 0, None)]
@@ -56,7 +57,7 @@ def _intervals(rec: StepRecord, origin: float) -> list[tuple[int, int, str, int,
         out.append((_ns(tm.t0 - rec.prefill_s, origin), _ns(tm.t0, origin), "prefill", 0, None))
     for name, t0, t1 in tm.spans:
         out.append((_ns(t0, origin), _ns(t1, origin), name, RANK.get(name, 2), None))
-    for name, part, t0, t1 in tm.nested_spans:
+    for name, part, t0, t1 in tm.nested_spans if nested else ():
         out.append((_ns(t0, origin), _ns(t1, origin), name, 3, part))
     out.sort(key=lambda iv: (iv[0], -iv[1], iv[3]))
     return out
@@ -72,13 +73,17 @@ def chrome_trace(records: list[StepRecord], origin: float, meta: dict) -> dict:
         events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
     drafted = accepted = 0
     run = None
+    budget = MAX_NESTED_EVENTS  # a long session's norm calls would make a file no viewer opens
     for rec in records:
+        count = len(rec.timing.nested_spans)
+        nested = count <= budget
+        budget = budget - count if nested else -1  # once over, no more nested spans: no gaps in the middle
         s = rec.step
         if s.get("run") != run:
             run = s.get("run")
             events.append({"ph": "i", "pid": pid, "tid": 1, "s": "p", "name": f"run {run}",
                            "ts": _ns(rec.timing.t0 - rec.prefill_s, origin) / 1000})
-        for start, end, name, _, part in _intervals(rec, origin):
+        for start, end, name, _, part in _intervals(rec, origin, nested):
             ev = {"ph": "X", "pid": pid, "name": name, "cat": "phase", "ts": start / 1000, "dur": (end - start) / 1000}
             if name == "step":
                 ev.update(tid=1, cat="step", name=f"step {s.get('step')}", args=_step_args(s))
@@ -99,7 +104,10 @@ def chrome_trace(records: list[StepRecord], origin: float, meta: dict) -> dict:
         if drafted:
             acc["acceptance rate %"] = round(100 * accepted / drafted, 2)
         events.append({"ph": "C", "pid": pid, "name": "acceptance", "ts": end_ts, "args": acc})
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"schema": "specview.trace/1", **meta}}
+    other = {"schema": "specview.trace/1", **meta}
+    if budget < 0:
+        other["note"] = f"nested spans (layernorm) kept for the first {MAX_NESTED_EVENTS} only; totals are in the profile"
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 
 def _step_args(s: dict) -> dict:

@@ -7,7 +7,8 @@
     step = run.step()
     recorder.add_step(step)           # right after step(): fills step.layernorm_ms, keeps the record
     ...
-    path = recorder.save(summaries, interrupted=False)    # -> the .json path; print recorder.notes
+    path = recorder.save(summaries, interrupted=False)    # -> the .json path
+    for note in recorder.take_notes(): print(note)       # py-spy problems, the ops table (rich), ...
     recorder.detach()                 # optional: removes the hooks
 
 Files, all with one stem `<stamp>-<target>-<draft>` chosen when the recorder is made (the stamp is unique
@@ -38,6 +39,7 @@ from specview.profiling.hooks import NormHooks
 from specview.profiling.profile import PROFILE_SCHEMA, summarize
 from specview.profiling.timer import PhaseTimer
 
+AUTOSAVE_S = 20.0  # seconds between autosaves of the profile JSON during a long run (at most 2% of the time)
 _TAKEN: set[str] = set()  # stems handed out in this process (two recorders in one millisecond)
 
 
@@ -74,6 +76,8 @@ class ProfileRecorder:
 
             self.py_spy = PySpy(self.stem + ".py-spy.speedscope.json")
         self._started = False
+        self.summaries_seen: list = []  # the summaries of the last save(), for autosaves
+        self._next_autosave = time.perf_counter() + AUTOSAVE_S
 
     def attach(self, decoder) -> None:
         """Hook the norm modules of the decoder's models and make it time into this recorder's timer.
@@ -94,6 +98,11 @@ class ProfileRecorder:
                 self.timer.labels = True
                 self.ops.start()
 
+    def take_notes(self) -> list:
+        """The messages (one-line strings, rich tables) gathered since the last call, for the client to print."""
+        notes, self.notes = self.notes, []
+        return notes
+
     def detach(self) -> None:
         """Remove the hooks (the profile stays; save() still works)."""
         self.hooks.remove()
@@ -111,6 +120,19 @@ class ProfileRecorder:
             t0 = self.records[-1].timing.t1 if self.records else self.origin
             timing = synthetic_timing(record, t0)
         self.records.append(StepRecord(record, timing))
+        if time.perf_counter() >= self._next_autosave:
+            self._autosave()
+
+    def _autosave(self) -> None:
+        """Between steps, now and then: rewrite the profile JSON so even a hard crash (killed, out of
+        memory) leaves the steps done so far. The trace files are written by save()."""
+        t0 = time.perf_counter()
+        try:
+            write_json_atomic(self.path, self.profile(self.summaries_seen, interrupted=False))
+        except (OSError, ValueError):
+            pass  # save() reports a real write problem
+        took = time.perf_counter() - t0
+        self._next_autosave = time.perf_counter() + max(AUTOSAVE_S, 50 * took)
 
     @property
     def steps(self) -> list[dict]:

@@ -442,11 +442,14 @@ def methods_table(methods: dict) -> Table:
     return table
 
 
-BENCH_METRICS = (("acceptance rate", "acceptance_rate", "{:.1%}"), ("mean tokens per step", "mean_emitted_per_step", "{:.2f}"),
+BENCH_METRICS = (("acceptance rate", "acceptance_rate", "{:.1%}"), ("alpha", "alpha", "{:.3f}"),
+                 ("mean tokens per step", "mean_emitted_per_step", "{:.2f}"),
+                 ("E(K) from alpha", "expected_tokens_per_step", "{:.2f}"),
                  ("cost ratio c", "cost_ratio", "{:.3f}"), ("verify cost ratio v", "verify_cost_ratio", "{:.3f}"),
                  ("ideal speedup E/(Kc+1)", "ideal_speedup", "{:.2f}x"),
                  ("theoretical speedup E/(Kc+v)", "theoretical_speedup", "{:.2f}x"),
-                 ("measured speedup", "speedup", "{:.2f}x"), ("efficiency", "efficiency", "{:.1%}"))
+                 ("measured speedup", "speedup", "{:.2f}x"), ("efficiency", "efficiency", "{:.1%}"),
+                 ("time outside the forwards", "overhead_share", "{:.1%}"))
 
 
 def bench_metrics(doc: dict) -> Table:
@@ -459,6 +462,10 @@ def bench_metrics(doc: dict) -> Table:
     pos = doc.get("per_position_acceptance")
     if isinstance(pos, list) and pos:
         table.add_row("acceptance per position", " ".join(fmt(r, "{:.0%}") for r in pos))
+    if doc.get("recommended_k") is not None:
+        rec = doc["recommended_k"]
+        table.add_row("recommended K", ", ".join(f"{k} {v}" for k, v in rec.items()) if isinstance(rec, dict)
+                      else str(rec))
     return table
 
 
