@@ -4,6 +4,8 @@ in thread workers that talk back only through post_message."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 
 from rich.text import Text
@@ -24,14 +26,15 @@ from specview.tui.widgets.status import Status, StatusLine
 from specview.tui.widgets.too_small import MIN_HEIGHT, MIN_WIDTH, TooSmall
 
 REDRAW_S = 0.1  # while running, redraw at most this often
+WIDE, TALL = 110, 34  # below: no memory panel (RSS in the status line) / compact block and panels
 
 
 class SpecviewApp(App[None]):
     CSS_PATH = "specview.tcss"
     TITLE = "specview"
     ENABLE_COMMAND_PALETTE = False  # the footer needs the room at 80 columns
-    HORIZONTAL_BREAKPOINTS = [(0, "-too-small"), (MIN_WIDTH, "-narrow"), (100, "-wide")]
-    VERTICAL_BREAKPOINTS = [(0, "-too-short"), (MIN_HEIGHT, "-short"), (34, "-tall")]
+    HORIZONTAL_BREAKPOINTS = [(0, "-too-small"), (MIN_WIDTH, "-narrow"), (WIDE, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-too-short"), (MIN_HEIGHT, "-short"), (TALL, "-tall")]
     BINDINGS = [
         Binding("space", "step", "Step"),
         Binding("r", "toggle_run", "Run"),
@@ -61,6 +64,7 @@ class SpecviewApp(App[None]):
         self.stepping = False  # a step worker is alive
         self.failed = self.quitting = False
         self.profile_path: str | None = None  # the profile saved on the way out
+        self.load_finished = False  # the load worker has returned (set from its thread)
         self._redraw_timer = None
 
     def compose(self):
@@ -90,6 +94,8 @@ class SpecviewApp(App[None]):
             self.post_message(msg.LoadFailed(f"specview: error: loading models failed: {type(err).__name__}: {err}"))
         else:
             self.post_message(msg.Loaded(info, run))
+        finally:
+            self.load_finished = True
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="engine")
     def step_worker(self) -> None:
@@ -121,9 +127,12 @@ class SpecviewApp(App[None]):
             self.post_message(msg.ProfileSaved(None, f"{type(err).__name__}: {err}", final=final))
 
     def _start_stepping(self) -> None:
+        if not self.running:
+            self.state = "stepping…"  # a slow step (a big model, a busy CPU) must not look like a dead key
         if not self.stepping:
             self.stepping = True
             self.step_worker()
+        self.redraw()
 
     # messages from the workers ---------------------------------------------------------------
 
@@ -193,9 +202,11 @@ class SpecviewApp(App[None]):
     # actions ---------------------------------------------------------------------------------
 
     def _can_step(self) -> bool:
-        if not self.loaded or self.quitting:
+        if self.quitting:
             return False
-        if self.failed:
+        if not self.loaded:
+            self.notify("the models are still loading", timeout=2)
+        elif self.failed:
             self.notify("stepping stopped after the failed step: n starts a new run", severity="warning")
         elif self.backend.done and not self.stepping:
             self.notify("the run has ended: n starts a new run, q quits", severity="warning")
@@ -212,7 +223,7 @@ class SpecviewApp(App[None]):
 
     def action_toggle_run(self) -> None:
         if self.running:
-            self.running, self.state = False, "paused"
+            self.running, self.state = False, "pausing…" if self.stepping else "paused"
         elif self._can_step():
             self.running, self.state, self.viewing = True, "running", None
             self._start_stepping()
@@ -256,7 +267,8 @@ class SpecviewApp(App[None]):
 
     def redraw(self) -> None:
         last = self.views[-1].step if self.views else None
-        narrow = self.screen.has_class("-narrow")  # the memory panel is hidden: RSS goes to the status line
+        width, height = self.size  # (the screen's breakpoint classes may lag a resize)
+        narrow = width < WIDE  # the memory panel is hidden: RSS goes to the status line
         self.query_one(StatusLine).show(Status(
             state=self.state, steps=len(self.views), viewing=None if self.viewing is None else self.viewing + 1,
             acceptance=self.stats.acceptance_rate, tokens_per_s=self.stats.tokens_per_s, k=self.backend.k,
@@ -265,7 +277,7 @@ class SpecviewApp(App[None]):
         ))
         if self.info is not None:
             self.query_one(MainView).show(self.info, self.views, self.viewing, self.stats, self.backend.k,
-                                          compact=self.screen.has_class("-short"))
+                                          compact=height < TALL)
 
     def on_resize(self) -> None:
         self.call_after_refresh(self.redraw)  # widgets pick their full or compact form from the size
@@ -277,8 +289,9 @@ def tui_command(args) -> int:
 
     backend = EngineBackend(Settings.from_args(args))
     app = SpecviewApp(backend)
+    loop = asyncio.new_event_loop()  # our own loop: app.run() then does not wait for a model still loading
     try:
-        app.run()
+        app.run(loop=loop)
     finally:
         path = app.profile_path
         if path is None and app.loaded and not app.quitting:  # the app crashed or was killed: save anyway
@@ -288,4 +301,10 @@ def tui_command(args) -> int:
                 print(f"specview: error: saving the profile failed: {err}", file=sys.stderr)
         if path:
             print(f"profile written: {path}", file=sys.stderr)
-    return app.return_code if app.return_code is not None else 1
+    code = app.return_code if app.return_code is not None else 1
+    if not app.load_finished:  # quit while loading: the load thread cannot be stopped, and nothing needs it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    loop.close()
+    return code

@@ -29,7 +29,7 @@ class AcceptancePanel(Widget):
         out = Text(no_wrap=True, overflow="ellipsis")
         out.append("rate ", style="dim")
         out.append(pct(st.acceptance_rate), style="bold")
-        out.append(f"  last {RECENT} ", style="dim")
+        out.append(f"  last{RECENT} ", style="dim")
         out.append(pct(st.recent_rate()))
         out.append("  α ", style="dim")
         out.append(fmt(st.alpha, "{:.3f}") + "\n")
@@ -59,6 +59,6 @@ class AcceptancePanel(Widget):
         predicted = st.predicted(self.k) if self.k else None
         if predicted:
             e, speed = predicted
-            out.append(f"next K={self.k}: E(K) {e:.2f} → theory {fmt(speed, '{:.2f}x')}", style="dim")
+            out.append(f"next K={self.k}: E {e:.2f} → theory {fmt(speed, '{:.2f}x')}", style="dim")
         out.rstrip()
         return out

@@ -12,7 +12,7 @@ from specview.tui.render import fmt, pct
 
 @dataclass
 class Status:
-    state: str = "loading"  # loading | paused | running | ended: <reason> | failed
+    state: str = "loading"  # loading | paused | stepping… | running | ended: <reason> | failed
     steps: int = 0  # completed steps of the run on screen
     viewing: int | None = None  # 1-based step on view while browsing; None = live
     acceptance: float | None = None
@@ -49,9 +49,8 @@ class StatusLine(Widget):
             parts.append((f"rss {s.rss_mb:.0f} MB", ""))
         if s.run:
             parts.append((f"run {s.run + 1}", ""))
-        state_style = {"running": "bold green", "paused": "yellow", "loading": "cyan"}.get(s.state, "bold red")
-        if s.state.startswith("ended"):
-            state_style = "bold magenta"
+        state_style = {"running": "bold green", "stepping…": "green", "paused": "yellow", "pausing…": "yellow",
+                       "failed": "bold red", "ended": "bold magenta"}.get(s.state.split(":")[0], "cyan")
         text = Text(no_wrap=True, overflow="ellipsis")
         for i, (part, style) in enumerate(parts):
             if i:
