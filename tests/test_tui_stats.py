@@ -1,0 +1,61 @@
+"""The TUI's live metrics follow DESIGN.md "Metrics" (hand-computed on three steps)."""
+
+import pytest
+
+from specview.events import StepResult
+from specview.tui.backend import token_texts
+from specview.tui.render import sparkline, visible
+from specview.tui.stats import LiveStats
+
+
+def step(drafted, accepted, emitted, draft_ms, verify_ms, wall_ms, rejected=True):
+    return StepResult(step=0, drafted=drafted, q=[0.5] * len(drafted), p=[0.5] * len(drafted), r=None,
+                      accepted=accepted, rejected_at=accepted if rejected else None,
+                      resampled=9 if rejected else None, residual_top=None, bonus=None if rejected else 9,
+                      emitted=emitted, phases_ms={"draft": draft_ms, "verify": verify_ms}, wall_ms=wall_ms,
+                      memory_mb={"rss": 100.0}, k=len(drafted))
+
+
+def test_metrics_follow_the_design_conventions():
+    st = LiveStats(t_ar_ms=10.0, prefill_ms=30.0)
+    st.add(step([1, 2, 3, 4], 4, [1, 2, 3, 4, 9], draft_ms=20.0, verify_ms=12.0, wall_ms=40.0, rejected=False))
+    st.add(step([1, 2, 3, 4], 1, [1, 9], draft_ms=20.0, verify_ms=14.0, wall_ms=40.0))
+    st.add(step([1, 2, 3, 4], 0, [9], draft_ms=20.0, verify_ms=13.0, wall_ms=40.0))
+    assert st.acceptance_rate == pytest.approx(5 / 12)  # accepted / drafted
+    assert st.alpha == pytest.approx(5 / 7)  # accepted / (accepted + rejections)
+    assert st.per_position == [(2 / 3, 3), (1 / 3, 3), (1 / 3, 3), (1 / 3, 3)]
+    assert st.tokens_per_step == [5, 2, 1] and st.mean_emitted == pytest.approx(8 / 3)
+    assert st.c == pytest.approx((60 / 12) / 10)  # draft time per drafted token / t_ar
+    assert st.v == pytest.approx(13 / 10)  # mean verify time / t_ar
+    assert st.theoretical_speedup() == pytest.approx((8 / 3) / (4 * 0.5 + 1.3))  # E / (K c + v)
+    assert st.measured_speedup == pytest.approx(8 * 10 / 120)  # tokens x t_ar / step time
+    assert st.tokens_per_s == pytest.approx(8 / 0.150)  # wall = prefill + steps
+    e, speed = st.predicted(4)
+    alpha = 5 / 7
+    assert e == pytest.approx((1 - alpha**5) / (1 - alpha))
+    assert speed == pytest.approx(e / (4 * 0.5 + 1.3))
+    assert st.recent_rate(1) == 0.0
+
+
+def test_no_steps_means_no_numbers():
+    st = LiveStats(t_ar_ms=None)
+    assert st.acceptance_rate is None and st.alpha is None and st.c is None and st.v is None
+    assert st.theoretical_speedup() is None and st.measured_speedup is None and st.predicted(4) is None
+
+
+def test_token_texts_are_decoded_in_context():
+    words = {1: "Hello", 2: " world", 3: "!", 4: " there"}
+
+    def decode(ids):
+        return "".join(words[i] for i in ids)
+
+    s = step([2, 3], 1, [2, 4], 1.0, 1.0, 1.0)
+    s.residual_top = [[4, 0.6], [3, 0.4]]
+    s.resampled, s.tokens = 4, [" world", " there"]
+    assert token_texts(decode, [1], s) == {2: " world", 3: "!", 4: " there"}
+
+
+def test_render_helpers():
+    assert visible(" a\nb") == "·a↵b" and visible("") == "∅" and visible("abcdefgh", 5) == "abcd…"
+    assert sparkline([0, 1, 2], 10, lo=0) == "▁▅█"
+    assert len(sparkline(list(range(50)), 10)) == 10
