@@ -52,7 +52,7 @@ class ProfileRecorder:
         self.timer = PhaseTimer(session.device)
         self.hooks = NormHooks(self.timer)
         self.records: list[StepRecord] = []
-        self.notes: list = []  # one-line messages (and rich tables) for the client to print after save()
+        self.notes: list = []  # one-line messages (and rich tables) for the client: see take_notes()
         self.interrupted = False
         self.origin = time.perf_counter()  # time zero of the trace files
         self.norm_counts: dict[str, int] = {}
@@ -76,7 +76,7 @@ class ProfileRecorder:
 
             self.py_spy = PySpy(self.stem + ".py-spy.speedscope.json")
         self._started = False
-        self.summaries_seen: list = []  # the summaries of the last save(), for autosaves
+        self.summaries_seen: list = []  # the run summaries given to the last save(), for autosaves
         self._next_autosave = time.perf_counter() + AUTOSAVE_S
 
     def attach(self, decoder) -> None:
@@ -128,7 +128,8 @@ class ProfileRecorder:
         memory) leaves the steps done so far. The trace files are written by save()."""
         t0 = time.perf_counter()
         try:
-            write_json_atomic(self.path, self.profile(self.summaries_seen, interrupted=False))
+            # marked interrupted: if the process dies now, that is what this file is; save() rewrites it
+            write_json_atomic(self.path, self.profile(self.summaries_seen, interrupted=True))
         except (OSError, ValueError):
             pass  # save() reports a real write problem
         took = time.perf_counter() - t0
@@ -155,14 +156,19 @@ class ProfileRecorder:
         """Write the profile, its trace and speedscope files (atomically) -> the profile's path.
         Stops the op capture and py-spy first (their messages go to self.notes)."""
         self.interrupted = self.interrupted or interrupted
+        self.summaries_seen = list(summaries or ())
         if self.ops is not None and self.ops.running:
             self.timer.labels = False
-            self.ops_summary = self.ops.stop()
-            self.meta["files"]["ops_trace"] = os.path.basename(self.ops.trace_path)
-            self.notes.append(f"op-level trace written: {self.ops.trace_path}")
-            from specview.profiling.report import ops_table
+            try:
+                self.ops_summary = self.ops.stop()
+            except Exception as err:  # noqa: BLE001 - the op capture must never cost the profile itself
+                self.notes.append(f"op-level capture failed ({type(err).__name__}: {err}); the profile is fine")
+            else:
+                self.meta["files"]["ops_trace"] = os.path.basename(self.ops.trace_path)
+                self.notes.append(f"op-level trace written: {self.ops.trace_path}")
+                from specview.profiling.report import ops_table
 
-            self.notes.append(ops_table(self.ops_summary))
+                self.notes.append(ops_table(self.ops_summary))
         if self.py_spy is not None:
             note = self.py_spy.stop()
             if note.startswith("py-spy profile written"):
