@@ -279,3 +279,4 @@ async def test_too_small_terminal_says_so():
         assert app.query_one(TooSmall).display
         assert not app.query_one("#main").display
         assert "Terminal too small: 60x20" in app.query_one(TooSmall).render()
+

@@ -1,0 +1,58 @@
+"""`tui_command` end to end: the app run headless (CI has no terminal), exiting the ways a person
+would; the profile path is printed once the screen is closed."""
+
+import json
+import os
+
+import pytest
+from test_tui import tui_pair  # noqa: F401 - the fixture
+
+from specview.tui.app import SpecviewApp
+
+
+@pytest.fixture
+def headless_tui(monkeypatch, tui_pair, tmp_path):  # noqa: F811 - the fixture imported above
+    """tui_command with the app run headless (CI has no terminal), stepping once and then doing `then`."""
+    from textual.app import App
+
+    from specview.cli import build_tui_parser
+
+    def run(then):
+        original = SpecviewApp.on_loaded
+
+        def on_loaded(self, message):
+            original(self, message)
+            self.call_later(self.action_step)
+            self.set_timer(0.5, lambda: then(self))
+
+        monkeypatch.setattr(SpecviewApp, "on_loaded", on_loaded)
+        monkeypatch.setattr(SpecviewApp, "run", lambda self, **kw: App.run(self, headless=True, **kw))
+        args = build_tui_parser().parse_args(["--target", tui_pair[0], "--draft", tui_pair[1], "--prompt", "w1",
+                                              "-N", "30", "--profile-dir", str(tmp_path / "p")])
+        from specview.tui.app import tui_command
+
+        return tui_command(args)
+
+    return run
+
+
+def test_tui_command_prints_the_profile_path_after_quit(headless_tui, capsys, tmp_path):
+    code = headless_tui(lambda app: app.run_action("quit"))
+    err = capsys.readouterr().err
+    assert code == 0
+    (line,) = [line for line in err.splitlines() if line.startswith("profile written: ")]
+    path = line.removeprefix("profile written: ")
+    assert path.startswith(str(tmp_path / "p")) and os.path.exists(path)
+    with open(path) as f:
+        assert len(json.load(f)["steps"]) == 1
+
+
+def test_tui_command_saves_the_profile_when_the_app_crashes(headless_tui, capsys):
+    def crash(app):
+        raise RuntimeError("a bug in a widget")
+
+    code = headless_tui(crash)
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "a bug in a widget" in err  # Textual's traceback
+    assert "profile written: " in err
