@@ -38,11 +38,24 @@ class TokenText(VerticalScroll, can_focus=False):
     def show(self, prompt: str, views: list[StepView], highlight: int | None, live: bool, title: str = "") -> None:
         self.border_title = f"text · {title}" if title else "text"
         text = Text(prompt, style=ORIGIN_STYLES["prompt"])
+        block_start = 0
         for i, view in enumerate(views):
             on_view = highlight == i
+            if on_view:
+                block_start = len(text)
             for piece, origin in zip(view.step.tokens, origins(view)):
                 style = ORIGIN_STYLES[origin] + (" " + HIGHLIGHT if on_view else "")
                 text.append(piece, style=style)
         self.body.update(text)
         if live:
             self.call_after_refresh(self.scroll_end, animate=False)
+        elif highlight is not None:
+            self.call_after_refresh(self._scroll_to_block, text[:block_start])
+
+    def _scroll_to_block(self, before: Text) -> None:
+        """Browsing: bring the highlighted block into view (a line above it for context) if it is not."""
+        region = self.scrollable_content_region
+        if region.width > 0:
+            line = len(before.wrap(self.app.console, region.width)) - 1
+            if not self.scroll_y <= line < self.scroll_y + region.height:
+                self.scroll_to(y=max(0, line - 1), animate=False)
