@@ -280,3 +280,19 @@ async def test_too_small_terminal_says_so():
         assert not app.query_one("#main").display
         assert "Terminal too small: 60x20" in app.query_one(TooSmall).render()
 
+
+
+async def test_a_wide_block_shows_the_positions_up_to_the_rejection(make_app):
+    app = make_app(k=16, max_new_tokens=100)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        for _ in range(3):
+            await pilot.press("space")
+        await settle(app, pilot)
+        block = app.query_one(BlockView)
+        step = app.views[-1].step
+        window = block._window(step)
+        assert 1 <= len(window) < len(step.drafted) == 16
+        assert f"positions {window[0] + 1}-{window[-1] + 1} of 16" in block.border_subtitle
+        if step.rejected_at is not None:
+            assert step.rejected_at in window

@@ -12,6 +12,7 @@ from specview.tui.backend import StepView
 from specview.tui.render import ORIGIN_STYLES, fmt, visible
 
 CELL = 9  # token text cells per position
+VERDICT = 32  # cells kept for the verdict beside the table (resampled token, residual top), padding included
 ROWS = ("token", "id", "q(x)", "p(x)", "p/q", "r", "")
 
 
@@ -26,7 +27,7 @@ class BlockView(Horizontal):
     DEFAULT_CSS = """
     BlockView { border: round $primary-darken-1; height: auto; }
     BlockView > #cells { width: auto; max-width: 1fr; }
-    BlockView > #verdict { width: 1fr; min-width: 24; padding: 0 0 0 2; }
+    BlockView > #verdict { width: 1fr; min-width: 32; padding: 0 0 0 2; }
     """
 
     def __init__(self, **kwargs):
@@ -41,6 +42,7 @@ class BlockView(Horizontal):
 
     def show(self, view: StepView | None, number: int, total: int, greedy: bool, compact: bool = False) -> None:
         """`compact` (short screens): no position header, no id row."""
+        self._shown = (view, number, total, greedy, compact)
         if view is None:
             self.border_title = "block"
             self.border_subtitle = ""
@@ -50,20 +52,38 @@ class BlockView(Horizontal):
         s = view.step
         self.border_title = f"block · step {number}/{total}" if number != total else f"block · step {number}"
         sub = f"K {s.k}" + (f" (drafted {len(s.drafted)})" if len(s.drafted) != s.k else "")
+        positions = self._window(s)
+        if len(positions) < len(s.drafted):
+            sub += f" · positions {positions[0] + 1}-{positions[-1] + 1} of {len(s.drafted)}"
         self.border_subtitle = f"{sub} · {s.wall_ms:.1f} ms"
-        self.cells.update(self._table(view, greedy, compact))
+        self.cells.update(self._table(view, greedy, compact, positions))
         self.verdict.update(self._verdict(view, greedy))
 
-    def _table(self, view: StepView, greedy: bool, compact: bool) -> Table:
+    def on_resize(self) -> None:
+        if getattr(self, "_shown", None):
+            self.show(*self._shown)  # the positions that fit depend on the width
+
+    def _window(self, s) -> list[int]:
+        """The positions that fit beside the verdict; for a wide block, those up to the rejection."""
+        n = len(s.drafted)
+        fit = max(1, (self.size.width - VERDICT - 6) // (CELL + 1)) if self.size.width else n
+        if n <= fit:
+            return list(range(n))
+        focus = s.rejected_at if s.rejected_at is not None else n - 1
+        start = max(0, min(focus - fit + 2, n - fit))
+        return list(range(start, start + fit))
+
+    def _table(self, view: StepView, greedy: bool, compact: bool, positions: list[int]) -> Table:
         s = view.step
         table = Table(box=None, show_header=not compact, header_style="bold", pad_edge=False, padding=(0, 1))
-        table.add_column("pos", style="dim", no_wrap=True)
-        for i in range(len(s.drafted)):
+        table.add_column("pos", style="dim", no_wrap=True, min_width=10 if greedy else 5)
+        for i in positions:
             table.add_column(str(i + 1), justify="right", no_wrap=True, max_width=CELL)
         if not s.drafted:
             table.add_column("")
         columns = []
-        for i, tok in enumerate(s.drafted):
+        for i in positions:
+            tok = s.drafted[i]
             px, qx = s.p[i], s.q[i]
             if i < s.accepted:
                 verdict, style = "✓ accept", "green"
