@@ -4,10 +4,6 @@ in thread workers that talk back only through post_message."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import sys
-
 from rich.text import Text
 from textual import work
 from textual.app import App
@@ -284,27 +280,8 @@ class SpecviewApp(App[None]):
 
 
 def tui_command(args) -> int:
-    """`specview [OPTIONS]`: run the TUI; print where the profile went once the screen is closed."""
+    """`specview [OPTIONS]`: the TUI on the models the options name (cli.py checks for a terminal)."""
     from specview.session import Settings
+    from specview.tui.command import run_tui
 
-    backend = EngineBackend(Settings.from_args(args))
-    app = SpecviewApp(backend)
-    loop = asyncio.new_event_loop()  # our own loop: app.run() then does not wait for a model still loading
-    try:
-        app.run(loop=loop)
-    finally:
-        path = app.profile_path
-        if path is None and app.loaded and not app.quitting:  # the app crashed or was killed: save anyway
-            try:
-                path = backend.save(final=True)
-            except Exception as err:  # noqa: BLE001
-                print(f"specview: error: saving the profile failed: {err}", file=sys.stderr)
-        if path:
-            print(f"profile written: {path}", file=sys.stderr)
-    code = app.return_code if app.return_code is not None else 1
-    if not app.load_finished:  # quit while loading: the load thread cannot be stopped, and nothing needs it
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    loop.close()
-    return code
+    return run_tui(SpecviewApp(EngineBackend(Settings.from_args(args))))
