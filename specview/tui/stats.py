@@ -40,6 +40,9 @@ class LiveStats:
         self.verify_ms += s.phases_ms.get("verify", 0.0)
         for name, ms in s.phases_ms.items():
             self.phase_sums[name] = self.phase_sums.get(name, 0.0) + ms
+        for model, ms in s.layernorm_ms.items():  # the norm hooks' split: {"draft": .., "verify": ..}
+            key = f"layernorm_{model}"
+            self.phase_sums[key] = self.phase_sums.get(key, 0.0) + ms
         for i in range(len(s.drafted)):
             if i >= len(self.pos_drafted):
                 self.pos_drafted.append(0)

@@ -38,10 +38,12 @@ class TimingPanel(Widget):
             return Text("no steps yet", style="dim")
         mean_wall = st.mean_wall_ms or 0.0
         if self.size.height >= len(PHASE_ROWS) + 2:
-            return self._table(st, s, mean_wall)
+            split = bool(s.layernorm_ms) and self.size.height >= len(PHASE_ROWS) + 4
+            return self._table(st, s, mean_wall, split)
         return self._compact(st, s)
 
-    def _table(self, st: LiveStats, s: StepResult, mean_wall: float) -> Table:
+    def _table(self, st: LiveStats, s: StepResult, mean_wall: float, split: bool) -> Table:
+        """`split`: layernorm also per model (draft forwards / verify forwards)."""
         table = Table(box=None, pad_edge=False, padding=(0, 1), header_style="bold", expand=True)
         table.add_column("phase", no_wrap=True)
         table.add_column("step", justify="right", no_wrap=True)
@@ -55,6 +57,10 @@ class TimingPanel(Widget):
             share = (mean or 0.0) / mean_wall if mean_wall else None
             table.add_row(Text(("  " if nested else "") + name, style=style), fmt(s.phases_ms.get(name), "{:.1f}"),
                           fmt(mean, "{:.1f}"), bar(share, bar_width, "yellow" if nested else "cyan"))
+            if name == "layernorm" and split:
+                for model in ("draft", "verify"):
+                    table.add_row(Text(f"    in {model}", style="dim"), fmt(s.layernorm_ms.get(model), "{:.1f}"),
+                                  fmt(st.phase_mean(f"layernorm_{model}"), "{:.1f}"), "", style="dim")
         table.add_row(Text("wall", style="bold"), Text(f"{s.wall_ms:.1f}", style="bold"),
                       Text(fmt(st.mean_wall_ms, "{:.1f}"), style="bold"), "")
         return table
