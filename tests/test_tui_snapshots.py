@@ -2,7 +2,9 @@
 recorded on the bundled pair (tests/tui_recording.json), so every number in the picture is stable.
 
 Update after an intended change: `pytest tests/test_tui_snapshots.py --snapshot-update`, then look at
-the pictures (snapshot_report.html lists any difference)."""
+the pictures (snapshot_report.html lists any difference). The recording was made with
+`specview.tui.replay.record(EngineBackend(Settings(max_new_tokens=64, temperature=1.0, seed=3, threads=1)), 100)`
+written as JSON."""
 
 import pytest
 import textual
