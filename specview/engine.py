@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from specview import fastlinear
 from specview.events import RunSummary, StepResult
 from specview.models import LoadedModel, vocab_limit
 from specview.profiling.memory import memory_mb
@@ -63,6 +64,9 @@ class Decoder:
         self.context_len = min(limits) if limits else None
         self.eos_ids = set() if ignore_eos else eos_token_ids(target)
         self.runs = 0
+        for lm in (target, draft):  # faster float32 matmuls, switched on only inside forward() below
+            if lm is not None:
+                fastlinear.install(lm.model)
 
     @property
     def method(self) -> str:
@@ -83,7 +87,8 @@ class Decoder:
         """Feed ids (appending to cache) -> logits [n, vocab] of the last `keep` positions (all if None)."""
         if not isinstance(ids, torch.Tensor):
             ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        out = lm.model(input_ids=ids.view(1, -1), past_key_values=cache, use_cache=True, logits_to_keep=keep or 0)
+        with fastlinear.active():
+            out = lm.model(input_ids=ids.view(1, -1), past_key_values=cache, use_cache=True, logits_to_keep=keep or 0)
         return out.logits[0, :, : self.vocab]
 
 

@@ -1,0 +1,85 @@
+"""The engine's packed-weight linears: the same product inside active(), plain F.linear outside it."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specview import fastlinear
+
+pytestmark = pytest.mark.skipif(not fastlinear.supported(torch.float32), reason="no oneDNN on this torch build")
+
+
+def _linear(dtype=torch.float32, bias=True):
+    torch.manual_seed(0)
+    return torch.nn.Linear(48, 24, bias=bias).to(dtype).eval()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_active_path_is_the_same_product(rows, bias):
+    lin = _linear(bias=bias)
+    fastlinear.install(lin)
+    x = torch.randn(1, rows, 48)
+    with torch.inference_mode():
+        stock = F.linear(x, lin.weight, lin.bias)
+        assert torch.equal(lin(x), stock)  # outside active(): untouched
+        with fastlinear.active():
+            fast = lin(x)
+    assert fast.shape == stock.shape
+    torch.testing.assert_close(fast, stock, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_when_supported():
+    if not fastlinear.supported(torch.bfloat16):
+        pytest.skip("no oneDNN bfloat16 on this CPU")
+    lin = _linear(torch.bfloat16)
+    fastlinear.install(lin)
+    x = torch.randn(3, 48, dtype=torch.bfloat16)
+    with torch.inference_mode(), fastlinear.active():
+        fast = lin(x)
+    torch.testing.assert_close(fast.float(), F.linear(x, lin.weight, lin.bias).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_long_inputs_and_weight_changes():
+    lin = _linear()
+    fastlinear.install(lin)
+    fastlinear.install(lin)  # idempotent
+    long = torch.randn(fastlinear.MAX_ROWS + 1, 48)
+    with torch.inference_mode(), fastlinear.active():
+        assert torch.equal(lin(long), F.linear(long, lin.weight, lin.bias))  # a prefill keeps torch's path
+        x = torch.randn(2, 48)
+        before = lin(x)
+        with torch.no_grad():
+            lin.weight.mul_(2)  # changed in place: packed again
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(lin(x), before)
+
+
+def test_copies_and_uninstall():
+    model = torch.nn.Sequential(_linear(), torch.nn.ReLU(), torch.nn.Linear(24, 8, bias=False))
+    fastlinear.install(model)
+    x = torch.randn(2, 48)
+    with torch.inference_mode(), fastlinear.active():
+        model(x)  # packs
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin[2].weight.zero_()
+    with torch.inference_mode(), fastlinear.active():
+        assert torch.count_nonzero(twin(x)) == 0  # the copy runs its own weights
+        assert torch.count_nonzero(model(x)) > 0
+    fastlinear.uninstall(model)
+    assert "forward" not in model[0].__dict__
+
+
+def test_decoder_leaves_stock_forwards_outside_the_engine(loaded_pair):
+    from specview.engine import Decoder
+    from specview.sampling import SamplingConfig
+
+    target, draft = loaded_pair
+    ids = torch.tensor([[3, 4, 5]])
+    with torch.inference_mode():
+        before = target.model(ids).logits
+        Decoder(target, draft, SamplingConfig(0.0), k=2)
+        assert torch.equal(target.model(ids).logits, before)  # transformers' own calls: stock kernels
