@@ -77,8 +77,9 @@ def metrics_table(doc: dict) -> Table:
     step = doc.get("step_ms") or {}
     total = sum(v for v in step.values() if v) or None
     if total:
-        split = "  ".join(f"{p} {fmt(step.get(p))}" for p in PHASES)
-        rows.append(("ms per step", split, "outside the forwards: " + fmt(doc.get("overhead_share"), "{:.1%}")))
+        split = " / ".join(fmt(step.get(p), "{:.1f}") for p in PHASES)
+        rows.append(("ms per step", split, "/".join(PHASES) + "; outside the forwards "
+                     + fmt(doc.get("overhead_share"), "{:.1%}")))
     for row in rows:
         table.add_row(*row)
     return table

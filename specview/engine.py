@@ -64,7 +64,7 @@ class Decoder:
         self.context_len = min(limits) if limits else None
         self.eos_ids = set() if ignore_eos else eos_token_ids(target)
         self.runs = 0
-        for lm in (target, draft):  # faster float32 matmuls, switched on only inside forward() below
+        for lm in (target, draft):  # packed-weight matmuls (fastlinear), switched on only inside forward()
             if lm is not None:
                 fastlinear.install(lm.model)
 

@@ -48,7 +48,7 @@ def test_long_inputs_and_weight_changes():
     fastlinear.install(lin)  # idempotent
     long = torch.randn(fastlinear.MAX_ROWS + 1, 48)
     with torch.inference_mode(), fastlinear.active():
-        assert torch.equal(lin(long), F.linear(long, lin.weight, lin.bias))  # a prefill keeps torch's path
+        assert torch.equal(lin(long), F.linear(long, lin.weight, lin.bias))  # past MAX_ROWS: torch's path
         x = torch.randn(2, 48)
         before = lin(x)
         with torch.no_grad():
