@@ -142,11 +142,11 @@ def bench_command(args) -> int:
     stdout.print(render(doc))
     if args.json:
         _write(args.json, doc, "--json")
-        stderr.print(f"bench results written: {args.json}")
+        stderr.print(f"bench results written: {args.json}", soft_wrap=True)
     if not args.no_profile:
         path = bench_file_path(args.profile_dir or settings.profile_dir, settings)
         _write(path, doc, "--profile-dir")
-        stderr.print(f"bench file written: {path}  (show it with `specview report {path}`)")
+        stderr.print(f"bench file written: {path}  (show it with `specview report {path}`)", soft_wrap=True)
     return 130 if interrupted else 0
 
 
@@ -221,12 +221,21 @@ def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
     doc = {"schema": BENCH_SCHEMA, "config": config, "methods": methods}
     doc.update({key: value for key, value in public(main).items() if key not in ("methods", "same_tokens")})
     doc["same_tokens"] = same if greedy else None
+    tps = {name: m.get("tokens_per_s") for name, m in methods.items()}
+    doc["peer_ratios"] = {  # tokens/s of ours over the peer doing the same work
+        "speculative_over_hf_assisted": _over(tps.get("speculative"), tps.get("hf_assisted")),
+        "autoregressive_over_hf_generate": _over(tps.get("autoregressive"), tps.get("hf_generate")),
+    } if args.peer else None
     if args.sweep_k:
         doc["sweep"] = [public(e) for e in entries if e["k"] in args.sweep_k]
         doc["recommended_k"] = recommend([e for e in entries if e["k"] in args.sweep_k])
     doc["meta"] = {**session.meta(), "load_avg": {"start": list(load_start), "end": list(os.getloadavg())},
                    "load_s": session.load_s}
     return json.loads(json.dumps(doc, allow_nan=False))  # fail here, not halfway through a write
+
+
+def _over(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 def bench_file_path(folder: str, settings: Settings) -> str:

@@ -22,7 +22,13 @@ def render(doc: dict) -> Group:
     load = (meta.get("load_avg") or {}).get("start")
     machine = (f"{meta.get('cpu')} · {meta.get('device')} · {meta.get('threads')} threads"
                + (f" · load average {load[0]:.2f} at start" if load else ""))
-    parts = [Text(head, style="bold"), Text(machine, style="dim"), methods_table(doc), metrics_table(doc)]
+    parts = [Text(head, style="bold"), Text(machine, style="dim"), methods_table(doc)]
+    ratios = doc.get("peer_ratios")
+    if ratios:
+        parts.append(Text(f"tokens/s over the peer doing the same work: speculative / hf_assisted "
+                          f"{fmt(ratios['speculative_over_hf_assisted'], '{:.2f}x')}, autoregressive / "
+                          f"hf_generate {fmt(ratios['autoregressive_over_hf_generate'], '{:.2f}x')}"))
+    parts.append(metrics_table(doc))
     if doc.get("sweep"):
         parts.append(sweep_table(doc))
     if doc.get("interrupted_after_rounds") is not None:

@@ -88,6 +88,9 @@ def test_bench_end_to_end_with_peers_and_sweep(capsys, models, tmp_path):
         assert entry["predicted"]["expected_tokens_per_step"] is not None
         assert entry["same_tokens"]["hf_assisted"]["same"]
     assert set(doc["recommended_k"]) == {"measured", "predicted"}
+    ratios, tps = doc["peer_ratios"], {name: m["tokens_per_s"] for name, m in doc["methods"].items()}
+    assert math.isclose(ratios["speculative_over_hf_assisted"], tps["speculative"] / tps["hf_assisted"])
+    assert math.isclose(ratios["autoregressive_over_hf_generate"], tps["autoregressive"] / tps["hf_generate"])
     assert doc["recommended_k"]["measured"] in (1, 3)
     assert doc["config"]["ignore_eos"] is True and doc["config"]["num_runs"] == 2
     assert "methods" in out and "sweep over K" in out and "efficiency" in out
@@ -104,7 +107,7 @@ def test_sampling_bench_reports_no_token_equality(capsys, models, tmp_path):
                              "--top-k", "5", "--json", str(tmp_path / "b.json"), "--no-profile")
     assert code == 0, err
     doc = json.loads((tmp_path / "b.json").read_text())
-    assert doc["same_tokens"] is None and list(doc["methods"]) == METHODS[:3]
+    assert doc["same_tokens"] is None and list(doc["methods"]) == METHODS[:3] and doc["peer_ratios"] is None
     assert "NaN" not in (tmp_path / "b.json").read_text()
     assert not (tmp_path / "profiles").exists()
 
