@@ -26,6 +26,7 @@ again on its next forward.
 from __future__ import annotations
 
 import functools
+import os
 import types
 import weakref
 from contextlib import contextmanager
@@ -64,7 +65,10 @@ def supported(dtype: torch.dtype) -> bool:
 
 def install(model: torch.nn.Module) -> None:
     """Give every nn.Linear of `model` the switchable forward and pack its weight now, so the first
-    prefill does not pay for it (idempotent: a weight already packed is not packed again)."""
+    prefill does not pay for it (idempotent: a weight already packed is not packed again).
+    SPECVIEW_FASTLINEAR=0 in the environment turns it off (stock kernels, to compare)."""
+    if os.environ.get("SPECVIEW_FASTLINEAR", "1") == "0":
+        return
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
             if "forward" not in module.__dict__:

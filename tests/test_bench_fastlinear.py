@@ -83,3 +83,10 @@ def test_decoder_leaves_stock_forwards_outside_the_engine(loaded_pair):
         before = target.model(ids).logits
         Decoder(target, draft, SamplingConfig(0.0), k=2)
         assert torch.equal(target.model(ids).logits, before)  # transformers' own calls: stock kernels
+
+
+def test_environment_switch_turns_it_off(monkeypatch):
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")
+    lin = _linear()
+    fastlinear.install(lin)
+    assert "forward" not in lin.__dict__
