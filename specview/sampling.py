@@ -44,10 +44,16 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool = False) -> torch.Tensor:
-    """One token id per row of probs, as a tensor (no device sync: the exponential-race trick of
-    gpt-fast's multinomial_sample_one_no_sync, argmax(p / E) with E ~ Exp(1), is an exact draw)."""
+    """One token id per row of probs, as a tensor (no device sync).
+
+    Inverse CDF: one uniform per row against the cumulative sum, in float64 so that even tokens with
+    probability ~1e-12 keep their share. (An exponential race, argmax(p / E), is exact too but draws
+    one random number per vocabulary entry: ~0.7 ms per token for a 49k vocabulary on CPU.)
+    """
     if greedy:
         return probs.argmax(dim=-1)
-    e = torch.empty_like(probs).exponential_(1, generator=generator)
-    e.clamp_(min=torch.finfo(e.dtype).tiny)  # an exact 0 would make 0/0 = NaN win the argmax
-    return (probs / e).argmax(dim=-1)
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.rand(probs.shape[:-1] + (1,), generator=generator, device=probs.device, dtype=torch.float64)
+    # right=True: token i covers [cdf[i-1], cdf[i]); a zero-probability token covers nothing.
+    index = torch.searchsorted(cdf, u * cdf[..., -1:], right=True).squeeze(-1)
+    return index.clamp_(max=probs.shape[-1] - 1)

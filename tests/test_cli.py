@@ -26,7 +26,7 @@ def models(gpt2_paths):
 
 
 def test_run_prints_stream_and_summary(capsys, models):
-    code, out, err = run_cli(capsys, "run", *models, "--prompt", "w1 w2 w3", "-N", "12", "-K", "3")
+    code, out, err = run_cli(capsys, "run", *models, "--prompt", "w1 w2 w3", "-N", "12", "-K", "3", "--ignore-eos")
     assert code == 0
     assert "w1 w2 w3" in out  # the prompt, then the coloured continuation
     assert "accept" in out and "tokens/s" in out and "length" in out
