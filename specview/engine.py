@@ -256,7 +256,8 @@ class Run:
             drafted=drafted,
             q=q,
             p=p,
-            r=(None if greedy else r) if k else [],  # DESIGN: null when greedy, [] for a target-only step
+            # DESIGN: r is null whenever a speculative run is greedy; an autoregressive step has r = []
+            r=None if greedy and self.draft_cache is not None else (r if k else []),
             accepted=n,
             rejected_at=n if rejected else None,
             resampled=extra if rejected else None,
@@ -279,8 +280,12 @@ class Run:
         """Cut the step at the first EOS; tokens after it are dropped, and with them the resample/bonus."""
         for i, tok in enumerate(result.emitted):
             if tok in self.dec.eos_ids:
-                if i < result.accepted:  # EOS among the accepted drafts: the rest of the step never happened
+                if i < result.accepted:  # EOS among the accepted drafts: the rest of the step never happened,
+                    # so the drafts after it were never tested and do not count as drafted (or rejected).
                     result.accepted = i + 1
+                    result.drafted, result.q, result.p = result.drafted[: i + 1], result.q[: i + 1], result.p[: i + 1]
+                    if result.r is not None:
+                        result.r = result.r[: i + 1]
                     result.rejected_at = result.resampled = result.residual_top = result.bonus = None
                 result.emitted = result.emitted[: i + 1]
                 self._finish("eos")

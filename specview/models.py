@@ -110,6 +110,14 @@ def context_length(config) -> int | None:
     return None
 
 
+def one_line(err: Exception, limit: int = 240) -> str:
+    """An exception's message on one line: transformers' messages often end their first line with ':'
+    and put the substance on the next ones."""
+    text = " ".join(line.strip() for line in str(err).strip().splitlines() if line.strip())
+    text = text or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _hub_error(spec: str, err: Exception) -> SpecviewError:
     text = str(err)
     if any(s in text for s in ("offline", "connect", "Connection", "resolve", "HF_HUB_OFFLINE", "Max retries")):
@@ -119,8 +127,7 @@ def _hub_error(spec: str, err: Exception) -> SpecviewError:
         )
     if "not a valid model identifier" in text or "Repository Not Found" in text or "404" in text:
         return SpecviewError(f"model '{spec}' was not found on the hub; check the id, or pass a local folder")
-    first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
-    return SpecviewError(f"cannot load '{spec}': {first}")
+    return SpecviewError(f"cannot load '{spec}': {one_line(err)}")
 
 
 def _in_local_cache(repo_id: str) -> bool:
@@ -150,20 +157,19 @@ def _load_source(src: ModelSource, spec: str):
     kwargs = {"gguf_file": src.gguf_file} if src.gguf_file else {}
     if src.gguf_file:
         _quiet_gguf_progress()
+    if not src.local and not _in_local_cache(src.path) and not _hub_reachable():
+        # Fail in a second instead of a minute of retries with a traceback-like log per retry.
+        raise _hub_error(spec, OSError("cannot connect"))
     # GGUF loading logs conversion progress and quantization notes that do not apply to a float32 load.
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    if not src.local and not _in_local_cache(src.path) and not _hub_reachable():
-        # Fail in a second instead of a minute of retries with a traceback-like log per retry.
-        raise _hub_error(spec, OSError("cannot connect"))
     try:
         tokenizer = AutoTokenizer.from_pretrained(src.path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch.float32 if src.gguf_file else "auto", **kwargs)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, KeyError) as err:
         if src.local:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise SpecviewError(f"cannot load '{spec}': {first}") from err
+            raise SpecviewError(f"cannot load '{spec}': {one_line(err)}") from err
         raise _hub_error(spec, err) from err
     finally:
         hf_logging.set_verbosity(previous)
@@ -184,19 +190,20 @@ def _quiet_gguf_progress() -> None:
 
 
 def load_model(spec: str, device: torch.device, loaded: dict | None = None) -> LoadedModel:
-    """Load one spec. `loaded` caches by source: a second spec with the same source and another dtype
-    becomes a cast copy (the default pair: one GGUF load, a bfloat16 copy for the draft)."""
+    """Load one spec. `loaded` caches by source, as loaded: a second spec with the same source shares
+    that model, or gets a cast copy if it asks for another dtype (the default pair: one GGUF load, a
+    bfloat16 copy for the draft). The cached model itself is never cast."""
     src = parse_spec(spec)
     key = (src.path, src.gguf_file)
     if loaded is not None and key in loaded:
-        base_model, tokenizer = loaded[key]
-        model = copy.deepcopy(base_model)
+        base, tokenizer = loaded[key]
     else:
-        model, tokenizer = _load_source(src, spec)
+        base, tokenizer = _load_source(src, spec)
         if loaded is not None:
-            loaded[key] = (model, tokenizer)
-    if src.dtype is not None:
-        model = model.to(src.dtype)
+            loaded[key] = (base, tokenizer)
+    model = base
+    if src.dtype is not None and src.dtype != next(base.parameters()).dtype:
+        model = copy.deepcopy(base).to(src.dtype)
     model = model.to(device)
     dtype = next(model.parameters()).dtype
     return LoadedModel(spec, model, tokenizer, device, dtype, context_length(model.config))

@@ -95,6 +95,7 @@ def run_command(args) -> int:
     console = Console(stderr=to_stdout, highlight=False)
     err_console = Console(stderr=True)
     method = args.method
+    jsonl = JsonlWriter(args.jsonl)  # before loading: a bad path fails in a second, not after the models load
     # Progress on a terminal only (a transient spinner): piped stderr keeps errors to their one line.
     with err_console.status("loading models…") if err_console.is_terminal else nullcontext() as status:
         session = open_session(settings, (lambda msg: status.update(msg + "…")) if status else None,
@@ -105,7 +106,6 @@ def run_command(args) -> int:
 
         recorder = ProfileRecorder(session, method, args.profile_dir or "profiles", profile_ops=args.profile_ops,
                                    py_spy=args.py_spy)
-    jsonl = JsonlWriter(args.jsonl)
     jsonl.write(start_event(session, method, args.num_runs))
     decoder = session.decoder(method, timer=recorder.timer if recorder else None)
     if recorder:

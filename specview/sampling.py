@@ -28,7 +28,8 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
     logits = logits.float()
     if cfg.greedy:
         return torch.softmax(logits, dim=-1)
-    logits = logits / cfg.temperature
+    # Shift by the max first: at a tiny temperature logits / T would overflow to inf and give NaN.
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / cfg.temperature
     if cfg.top_k and cfg.top_k < logits.shape[-1]:
         kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -216,3 +216,49 @@ def test_runs_share_one_generator_and_are_reproducible(loaded_pair):
     first, second = two_runs(7)
     assert first != second  # the second run continues the generator: an independent sample
     assert two_runs(7) == [first, second]  # and the whole thing is reproducible
+
+
+def test_one_source_in_two_dtypes_is_never_cast_twice(gpt2_paths):
+    path = gpt2_paths[0]
+    target, draft = load_pair(path + "@bfloat16", path, CPU)
+    assert (target.dtype, draft.dtype) == (torch.bfloat16, torch.float32)
+    target, draft = load_pair(path, path + "@bfloat16", CPU)
+    assert (target.dtype, draft.dtype) == (torch.float32, torch.bfloat16)
+    target, draft = load_pair(path, path, CPU)
+    assert target.model is draft.model  # same spec twice: one model, two caches
+
+
+def test_a_tiny_temperature_is_greedy_not_nan(loaded_pair):
+    target, draft = loaded_pair
+    greedy, _ = generate(target, None, GREEDY, n=20)
+    cold, steps = generate(target, draft, SamplingConfig(temperature=1e-30), n=20)
+    assert cold.generated == greedy.generated
+    assert all(0 < q <= 1 for s in steps for q in s.q)
+
+
+def test_drafts_after_an_accepted_eos_do_not_count(tiny_dir):
+    """Target == draft never rejects, EOS included: drafts past an accepted EOS were never tested."""
+    tok = tiny.make_tokenizer(16)
+    model = tiny.make_model("llama", 16, 3, scale=1.0)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[2] += 0.5  # EOS (id 2) becomes likely
+    path = tiny.save(model, tok, tiny_dir / "eos-lover-2")
+    target, _ = load_pair(path, None, CPU)
+    cut_inside_block = 0
+    for seed in range(5):
+        run, steps = generate(target, target, SamplingConfig(temperature=1.0), n=50, k=6, seed=seed,
+                              ignore_eos=False)
+        assert run.stop_reason == "eos"
+        assert run.summary.acceptance_rate == 1.0 and run.summary.rejections == 0
+        last = steps[-1]
+        assert len(last.drafted) == len(last.q) == len(last.r) == last.accepted or last.bonus == 2
+        cut_inside_block += bool(last.drafted) and last.drafted[-1] == 2 and last.bonus is None
+    assert cut_inside_block > 0  # the case under test happened
+
+
+def test_greedy_speculative_step_without_drafts_has_null_r(loaded_pair):
+    target, draft = loaded_pair
+    _, steps = generate(target, draft, GREEDY, n=1, k=4)
+    assert steps[0].drafted == [] and steps[0].r is None
+    _, steps = generate(target, None, GREEDY, n=1)
+    assert steps[0].r == []
