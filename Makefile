@@ -26,7 +26,7 @@ test: install
 	$(PY) -m pytest -q tests
 
 bench: install
-	.venv/bin/specview bench --peer hf $(ARGS)
+	.venv/bin/specview bench --peer hf --temperature 0 -N 48 $(ARGS)
 
 lint: install
 	.venv/bin/ruff check specview tests

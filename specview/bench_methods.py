@@ -35,6 +35,7 @@ class RunRecord:
     generated_ids: list[int]
     summary: RunSummary | None = None  # engine methods only
     phases_ms: dict[str, float] = field(default_factory=dict)  # summed over the run's steps
+    steps: list = field(default_factory=list)  # engine methods: the StepResults, for the bench's profile
 
     @property
     def tokens(self) -> int:
@@ -65,15 +66,17 @@ class EngineMethod:
         if k is not None:
             self.decoder.k = k
         phases: dict[str, float] = defaultdict(float)
+        steps = []
         t0 = time.perf_counter()
         run = self.decoder.start(self.session.prompt_ids, s.max_new_tokens)
         while not run.done:
             step = run.step()
+            steps.append(step)
             for name, ms in step.phases_ms.items():
                 phases[name] += ms
         wall = time.perf_counter() - t0
         return RunRecord(self.name, k if self.name == "speculative" else None, wall, list(run.generated),
-                         run.summary, dict(phases))
+                         run.summary, dict(phases), steps)
 
 
 class HFMethod:

@@ -1,6 +1,7 @@
 """`specview bench` on tiny models: the JSON contract, the peers doing the same work as ours, greedy
 token equality, interleaved rounds, the metrics' arithmetic and bad input. No timing is asserted."""
 
+import copy
 import json
 import math
 
@@ -49,7 +50,7 @@ def test_parse_sweep_sorts_and_dedups():
 def test_bench_defaults_and_no_ignore_eos():
     parser = build_bench_parser(Parser, add_run_options)
     args = parser.parse_args([])
-    assert (args.temperature, args.max_new_tokens, args.ignore_eos) == (0.0, 48, True)
+    assert (args.temperature, args.max_new_tokens, args.ignore_eos) == (0.6, 64, True)  # DESIGN defaults
     assert BENCH_DEFAULTS["ignore_eos"] and args.num_runs >= 1 and args.peer is None
     assert parser.parse_args(["--no-ignore-eos"]).ignore_eos is False
     assert parser.parse_args(["--ignore-eos"]).ignore_eos is True
@@ -61,7 +62,7 @@ def test_bench_defaults_and_no_ignore_eos():
 
 def test_bench_end_to_end_with_peers_and_sweep(capsys, models, tmp_path):
     out_json = tmp_path / "bench.json"
-    code, out, err = run_cli(capsys, "bench", *models, "-N", "12", "-K", "3", "--num-runs", "2", "--peer", "hf",
+    code, out, err = run_cli(capsys, "bench", *models, "-N", "12", "-K", "3", "--num-runs", "2", "--peer", "hf", "--temperature", "0",
                              "--sweep-k", "1,3", "--json", str(out_json), "--profile-dir", str(tmp_path / "prof"))
     assert code == 0, err
     doc = json.loads(out_json.read_text())
@@ -100,6 +101,13 @@ def test_bench_end_to_end_with_peers_and_sweep(capsys, models, tmp_path):
     code, out, err = run_cli(capsys, "report", str(files[0]))
     assert code == 0, err
     assert "hf_assisted" in out
+    # DESIGN: bench also writes a profile (+ Chrome trace) of its timed speculative runs, same stem
+    stem = str(files[0]).removesuffix(".bench.json")
+    profile = json.loads(open(stem + ".json").read())
+    assert profile["schema"] == "specview.profile/1" and profile["summary"]["steps"] > 0
+    assert len({s["run"] for s in profile["steps"]}) == 2  # the two timed rounds at K=3, no warm-up
+    trace = json.loads(open(stem + ".trace.json").read())
+    assert any(e.get("ph") == "X" and e.get("name") == "verify" for e in trace["traceEvents"])
 
 
 def test_sampling_bench_reports_no_token_equality(capsys, models, tmp_path):
@@ -126,6 +134,7 @@ def _count_forwards(model):
 def test_hf_assisted_drafts_exactly_k_per_step(gpt2_paths):
     # draft == target: every draft is accepted, so each target forward emits K + 1 tokens
     session = _session((gpt2_paths[0], gpt2_paths[0]), max_new_tokens=12, ignore_eos=True)
+    session.draft.model = copy.deepcopy(session.target.model)  # one spec twice shares a model: count apart
     methods = make_methods(session, "hf", torch.Generator().manual_seed(0))
     session.draft.model.generation_config.num_assistant_tokens = 20  # a stale value must not leak in
     target_calls, draft_calls = _count_forwards(session.target.model), _count_forwards(session.draft.model)
