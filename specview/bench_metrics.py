@@ -62,9 +62,10 @@ def speculative_metrics(k: int, spec: list[RunRecord], ar: list[RunRecord]) -> d
     e = ratio(emitted, steps)
     alpha = ratio(accepted, accepted + rejections)
     ideal = theoretical = None
-    if e is not None and c is not None and v is not None:
-        ideal = e / (k * c + 1)
-        theoretical = e / (k * c + v)
+    k_mean = ratio(drafted, steps)  # drafts actually made per step: fewer than K near N or the context end
+    if e is not None and c is not None and v is not None and k_mean is not None:
+        ideal = e / (k_mean * c + 1)
+        theoretical = e / (k_mean * c + v)
     ar_mean = _mean_wall(ar)
     spec_mean = _mean_wall(spec)
     speedup = ratio(ar_mean, spec_mean) if ar_mean and spec_mean else None
