@@ -75,6 +75,7 @@ def speculative_metrics(k: int, spec: list[RunRecord], ar: list[RunRecord]) -> d
         "acceptance_rate": ratio(accepted, drafted),
         "alpha": alpha,
         "mean_emitted_per_step": e,
+        "drafted_per_step": k_mean,  # the K in E / (K c + v): below the nominal K when N cuts the last block
         "expected_tokens_per_step": expected_tokens_per_step(alpha, k) if alpha is not None else None,
         "per_position_acceptance": [ratio(a, d) for a, d in zip(per_accepted, per_drafted)],
         "target_ms_per_token": t_ar,

@@ -77,7 +77,8 @@ def test_bench_end_to_end_with_peers_and_sweep(capsys, models, tmp_path):
         assert key in doc, key
     assert len(doc["per_position_acceptance"]) == 3
     assert math.isclose(doc["efficiency"], doc["speedup"] / doc["theoretical_speedup"])
-    k, c, v, e = doc["k"], doc["cost_ratio"], doc["verify_cost_ratio"], doc["mean_emitted_per_step"]
+    k, c, v, e = doc["drafted_per_step"], doc["cost_ratio"], doc["verify_cost_ratio"], doc["mean_emitted_per_step"]
+    assert 1 <= k <= doc["k"]
     assert math.isclose(doc["theoretical_speedup"], e / (k * c + v))
     assert math.isclose(doc["ideal_speedup"], e / (k * c + 1))
     # greedy: the target's distribution, five ways, token for token
