@@ -189,7 +189,7 @@ class SpecviewApp(App[None]):
         if message.final:
             self.profile_path = message.path
             error = Text(f"specview: error: saving the profile failed: {message.error}") if message.error else None
-            self.exit(return_code=1 if error else 0, message=error)
+            self.exit(return_code=2 if error else 0, message=error)
         elif message.error:
             self.notify(message.error, title="export failed", severity="error")
         else:
