@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -34,7 +33,6 @@ class RunRecord:
     wall_s: float  # the whole generation call, prefill included, same clock for every method
     generated_ids: list[int]
     summary: RunSummary | None = None  # engine methods only
-    phases_ms: dict[str, float] = field(default_factory=dict)  # summed over the run's steps
     steps: list = field(default_factory=list)  # engine methods: the StepResults, for the bench's profile
 
     @property
@@ -48,7 +46,7 @@ class RunRecord:
         if s is not None:
             out.update(prefill_s=s.prefill_ms / 1000, steps=s.steps, drafted=s.drafted, accepted=s.accepted,
                        acceptance_rate=s.acceptance_rate, mean_emitted_per_step=s.mean_emitted_per_step,
-                       stop_reason=s.stop_reason, phases_ms=dict(self.phases_ms))
+                       stop_reason=s.stop_reason, phases_ms=dict(s.phases_ms))
         return out
 
 
@@ -65,18 +63,14 @@ class EngineMethod:
         s = self.session.settings
         if k is not None:
             self.decoder.k = k
-        phases: dict[str, float] = defaultdict(float)
         steps = []
         t0 = time.perf_counter()
         run = self.decoder.start(self.session.prompt_ids, s.max_new_tokens)
         while not run.done:
-            step = run.step()
-            steps.append(step)
-            for name, ms in step.phases_ms.items():
-                phases[name] += ms
+            steps.append(run.step())
         wall = time.perf_counter() - t0
         return RunRecord(self.name, k if self.name == "speculative" else None, wall, list(run.generated),
-                         run.summary, dict(phases), steps)
+                         run.summary, steps)
 
 
 class HFMethod:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 
 from specview.bench_methods import RunRecord
-from specview.events import _clean, expected_tokens_per_step, ratio
+from specview.events import Counts, _clean, expected_tokens_per_step, ratio
 
 BENCH_SCHEMA = "specview.bench/1"
 
@@ -26,58 +26,51 @@ def method_stats(records: list[RunRecord], baseline_mean_s: float | None = None)
     return out
 
 
-def _sum(records: list[RunRecord], attr: str) -> float:
-    return sum(getattr(r.summary, attr) for r in records if r.summary is not None)
-
-
-def _phase(records: list[RunRecord], name: str) -> float:
-    return sum(r.phases_ms.get(name, 0.0) for r in records)
+def pooled(records: list[RunRecord]) -> Counts:
+    """The engine runs' counters added up (Counts: the one definition of the metrics)."""
+    total = Counts()
+    for r in records:
+        if r.summary is not None:
+            total.merge(r.summary)
+    return total
 
 
 def target_ms_per_token(ar_records: list[RunRecord]) -> float | None:
     """t_ar: one-token target forwards in autoregressive decoding, prefill excluded (the verify phase of
     an autoregressive step is exactly that forward)."""
-    return ratio(_phase(ar_records, "verify"), _sum(ar_records, "steps"))
+    ar = pooled(ar_records)
+    return ratio(ar.phases_ms.get("verify", 0.0), ar.steps)
 
 
 def speculative_metrics(k: int, spec: list[RunRecord], ar: list[RunRecord]) -> dict:
     """Everything DESIGN.md defines for one K, from the speculative and autoregressive runs."""
-    steps = _sum(spec, "steps")
-    drafted, accepted, rejections = _sum(spec, "drafted"), _sum(spec, "accepted"), _sum(spec, "rejections")
-    emitted = sum(r.tokens for r in spec)
-    per_drafted: list[int] = []
-    per_accepted: list[int] = []
-    for r in spec:
-        for i, (d, a) in enumerate(zip(r.summary.per_position_drafted, r.summary.per_position_accepted)):
-            if i >= len(per_drafted):
-                per_drafted.append(0)
-                per_accepted.append(0)
-            per_drafted[i] += d
-            per_accepted[i] += a
+    counts = pooled(spec)
+    phase = counts.phases_ms.get
     t_ar = target_ms_per_token(ar)
-    draft_ms = ratio(_phase(spec, "draft"), drafted)
-    verify_ms = ratio(_phase(spec, "verify"), steps)
+    draft_ms = ratio(phase("draft", 0.0), counts.drafted)
+    verify_ms = ratio(phase("verify", 0.0), counts.steps)
     c = ratio(draft_ms, t_ar) if draft_ms is not None else None
     v = ratio(verify_ms, t_ar) if verify_ms is not None else None
-    e = ratio(emitted, steps)
-    alpha = ratio(accepted, accepted + rejections)
+    e = counts.mean_emitted_per_step
+    alpha = counts.alpha
+    k_mean = counts.drafted_per_step  # drafts actually made per step: fewer than K near N or the context end
     ideal = theoretical = None
-    k_mean = ratio(drafted, steps)  # drafts actually made per step: fewer than K near N or the context end
     if e is not None and c is not None and v is not None and k_mean is not None:
         ideal = e / (k_mean * c + 1)
         theoretical = e / (k_mean * c + v)
     ar_mean = _mean_wall(ar)
     spec_mean = _mean_wall(spec)
     speedup = ratio(ar_mean, spec_mean) if ar_mean and spec_mean else None
-    step_ms = {name: ratio(_phase(spec, name), steps) for name in ("draft", "verify", "sample", "cache", "other")}
+    measured = ("draft", "verify", "sample", "cache", "other")
+    outside = ratio(sum(phase(n, 0.0) for n in ("sample", "cache", "other")), sum(phase(n, 0.0) for n in measured))
     return {
         "k": k,
-        "acceptance_rate": ratio(accepted, drafted),
+        "acceptance_rate": counts.acceptance_rate,
         "alpha": alpha,
         "mean_emitted_per_step": e,
         "drafted_per_step": k_mean,  # the K in E / (K c + v): below the nominal K when N cuts the last block
         "expected_tokens_per_step": expected_tokens_per_step(alpha, k) if alpha is not None else None,
-        "per_position_acceptance": [ratio(a, d) for a, d in zip(per_accepted, per_drafted)],
+        "per_position_acceptance": counts.per_position_acceptance,
         "target_ms_per_token": t_ar,
         "draft_ms_per_token": draft_ms,
         "verify_ms": verify_ms,
@@ -87,15 +80,9 @@ def speculative_metrics(k: int, spec: list[RunRecord], ar: list[RunRecord]) -> d
         "theoretical_speedup": theoretical,
         "speedup": speedup,
         "efficiency": ratio(speedup, theoretical) if speedup is not None and theoretical else None,
-        "step_ms": step_ms,  # mean per speculative step: where the time goes
-        "overhead_share": _overhead_share(spec),
+        "step_ms": {name: ratio(phase(name, 0.0), counts.steps) for name in measured},  # where a step goes
+        "overhead_share": outside,  # share of the step time outside the two models' forwards
     }
-
-
-def _overhead_share(spec: list[RunRecord]) -> float | None:
-    """Share of the step time outside the two models' forwards (sample, cache, other)."""
-    total = sum(_phase(spec, n) for n in ("draft", "verify", "sample", "cache", "other"))
-    return ratio(sum(_phase(spec, n) for n in ("sample", "cache", "other")), total)
 
 
 def _mean_wall(records: list[RunRecord]) -> float | None:
@@ -136,8 +123,9 @@ def recommend(entries: list[dict]) -> dict:
 
 def sweep_inputs(spec: list[RunRecord]) -> dict:
     """Private sums predict() pools over the sweep (dropped before the JSON is written)."""
-    return {"_accepted": _sum(spec, "accepted"), "_rejections": _sum(spec, "rejections"),
-            "_drafted": _sum(spec, "drafted"), "_draft_ms": _phase(spec, "draft")}
+    counts = pooled(spec)
+    return {"_accepted": counts.accepted, "_rejections": counts.rejections, "_drafted": counts.drafted,
+            "_draft_ms": counts.phases_ms.get("draft", 0.0)}
 
 
 def public(entry: dict) -> dict:

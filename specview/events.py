@@ -43,39 +43,60 @@ class StepResult:
 
 
 @dataclass
-class RunSummary:
-    """Counters for one run; rates are None (JSON null) when their denominator is zero."""
+class Counts:
+    """Acceptance and timing counters over steps: the ONE definition of the metrics (DESIGN.md,
+    "Metrics") for run, profiles, bench and the TUI. Rates are None (JSON null) over zero steps."""
 
-    run: int = 0
-    prompt_len: int = 0
-    generated_ids: list[int] = field(default_factory=list)
-    text: str = ""
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
     rejections: int = 0
+    emitted: int = 0
     prefill_ms: float = 0.0
-    steps_ms: float = 0.0
-    stop_reason: str | None = None
+    steps_ms: float = 0.0  # the steps' wall times
+    phases_ms: dict[str, float] = field(default_factory=dict)  # summed over the steps
     per_position_drafted: list[int] = field(default_factory=list)
     per_position_accepted: list[int] = field(default_factory=list)
 
-    def add(self, s: StepResult) -> None:
+    def count(self, drafted: int, accepted: int, rejected: bool, emitted: int, wall_ms: float = 0.0,
+              phases_ms: dict | None = None) -> None:
         self.steps += 1
-        self.drafted += len(s.drafted)
-        self.accepted += s.accepted
-        self.rejections += s.rejected_at is not None
-        self.generated_ids.extend(s.emitted)
-        self.steps_ms += s.wall_ms
-        # DESIGN.md: share of the steps that drafted position i+1 in which it was accepted.
-        for i in range(len(s.drafted)):
-            if i >= len(self.per_position_drafted):
-                self.per_position_drafted.append(0)
-                self.per_position_accepted.append(0)
+        self.drafted += drafted
+        self.accepted += accepted
+        self.rejections += bool(rejected)
+        self.emitted += emitted
+        self.steps_ms += wall_ms
+        for name, ms in (phases_ms or {}).items():
+            if isinstance(ms, (int, float)):
+                self.phases_ms[name] = self.phases_ms.get(name, 0.0) + ms
+        # Share of the steps that drafted position i+1 in which it was accepted.
+        self._grow(drafted)
+        for i in range(drafted):
             self.per_position_drafted[i] += 1
-            self.per_position_accepted[i] += i < s.accepted
-        if s.stop_reason:
-            self.stop_reason = s.stop_reason
+            self.per_position_accepted[i] += i < accepted
+
+    def add(self, s: StepResult) -> None:
+        self.count(len(s.drafted), s.accepted, s.rejected_at is not None, len(s.emitted), s.wall_ms, s.phases_ms)
+
+    def add_json(self, s: dict) -> None:
+        """A step record as written to JSONL / profiles."""
+        self.count(len(s.get("drafted") or []), s.get("accepted") or 0, s.get("rejected_at") is not None,
+                   len(s.get("emitted") or []), s.get("wall_ms") or 0.0, s.get("phases_ms"))
+
+    def merge(self, other: Counts) -> None:
+        for name in ("steps", "drafted", "accepted", "rejections", "emitted", "prefill_ms", "steps_ms"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name, ms in other.phases_ms.items():
+            self.phases_ms[name] = self.phases_ms.get(name, 0.0) + ms
+        self._grow(len(other.per_position_drafted))
+        for i, (d, a) in enumerate(zip(other.per_position_drafted, other.per_position_accepted)):
+            self.per_position_drafted[i] += d
+            self.per_position_accepted[i] += a
+
+    def _grow(self, n: int) -> None:
+        while len(self.per_position_drafted) < n:
+            self.per_position_drafted.append(0)
+            self.per_position_accepted.append(0)
 
     @property
     def wall_s(self) -> float:
@@ -91,15 +112,37 @@ class RunSummary:
 
     @property
     def mean_emitted_per_step(self) -> float | None:
-        return ratio(len(self.generated_ids), self.steps)
+        return ratio(self.emitted, self.steps)
+
+    @property
+    def drafted_per_step(self) -> float | None:
+        """The K actually drafted per step: fewer than K near N or the context end."""
+        return ratio(self.drafted, self.steps)
 
     @property
     def tokens_per_s(self) -> float | None:
-        return ratio(len(self.generated_ids), self.wall_s)
+        return ratio(self.emitted, self.wall_s)
 
     @property
     def per_position_acceptance(self) -> list[float | None]:
         return [ratio(a, d) for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
+
+
+@dataclass
+class RunSummary(Counts):
+    """One run: its counters, its tokens and why it stopped."""
+
+    run: int = 0
+    prompt_len: int = 0
+    generated_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    stop_reason: str | None = None
+
+    def add(self, s: StepResult) -> None:
+        super().add(s)
+        self.generated_ids.extend(s.emitted)
+        if s.stop_reason:
+            self.stop_reason = s.stop_reason
 
     def to_json(self) -> dict:
         return _clean(

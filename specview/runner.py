@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specview.events import EVENTS_SCHEMA, RunSummary, StepResult
+from specview.events import EVENTS_SCHEMA, Counts, RunSummary, StepResult
 from specview.session import Session, Settings, open_session
 
 STYLES = {"prompt": "dim", "accepted": "green", "resampled": "bold red", "bonus": "bold blue", "target": ""}
@@ -74,16 +74,10 @@ def summary_table(summaries: list[RunSummary], method: str) -> Table:
                       fmt(s.alpha, "{:.3f}"), fmt(s.mean_emitted_per_step), fmt(s.tokens_per_s, "{:.1f}"),
                       fmt(s.wall_s), s.stop_reason or "")
     if len(summaries) > 1:
-        total = RunSummary(run=-1)
+        total = Counts()
         for s in summaries:
-            total.generated_ids += s.generated_ids
-            total.steps += s.steps
-            total.drafted += s.drafted
-            total.accepted += s.accepted
-            total.rejections += s.rejections
-            total.steps_ms += s.steps_ms
-            total.prefill_ms += s.prefill_ms
-        table.add_row("all", str(len(total.generated_ids)), str(total.steps), fmt(total.acceptance_rate, "{:.1%}"),
+            total.merge(s)
+        table.add_row("all", str(total.emitted), str(total.steps), fmt(total.acceptance_rate, "{:.1%}"),
                       fmt(total.alpha, "{:.3f}"), fmt(total.mean_emitted_per_step),
                       fmt(total.tokens_per_s, "{:.1f}"), fmt(total.wall_s), "", style="bold")
     return table

@@ -214,11 +214,11 @@ def test_ctrl_c_keeps_complete_rounds():
 def _record(method, wall, steps, drafted, accepted, rejections, tokens, draft_ms, verify_ms):
     from specview.bench_methods import RunRecord
 
-    s = RunSummary(steps=steps, drafted=drafted, accepted=accepted, rejections=rejections,
+    s = RunSummary(steps=steps, drafted=drafted, accepted=accepted, rejections=rejections, emitted=tokens,
                    generated_ids=list(range(tokens)), per_position_drafted=[steps] * (drafted // max(steps, 1)),
-                   per_position_accepted=[accepted // max(drafted // max(steps, 1), 1)] * (drafted // max(steps, 1)))
-    return RunRecord(method, None, wall, list(range(tokens)), s,
-                     {"draft": draft_ms, "verify": verify_ms, "sample": 1.0, "cache": 0.0, "other": 1.0})
+                   per_position_accepted=[accepted // max(drafted // max(steps, 1), 1)] * (drafted // max(steps, 1)),
+                   phases_ms={"draft": draft_ms, "verify": verify_ms, "sample": 1.0, "cache": 0.0, "other": 1.0})
+    return RunRecord(method, None, wall, list(range(tokens)), s)
 
 
 def test_metrics_follow_design_definitions():

@@ -17,7 +17,8 @@ def step(drafted, accepted, emitted, draft_ms, verify_ms, wall_ms, rejected=True
 
 
 def test_metrics_follow_the_design_conventions():
-    st = LiveStats(t_ar_ms=10.0, prefill_ms=30.0)
+    st = LiveStats(t_ar_ms=10.0)
+    st.prefill_ms = 30.0
     st.add(step([1, 2, 3, 4], 4, [1, 2, 3, 4, 9], draft_ms=20.0, verify_ms=12.0, wall_ms=40.0, rejected=False))
     st.add(step([1, 2, 3, 4], 1, [1, 9], draft_ms=20.0, verify_ms=14.0, wall_ms=40.0))
     st.add(step([1, 2, 3, 4], 0, [9], draft_ms=20.0, verify_ms=13.0, wall_ms=40.0))

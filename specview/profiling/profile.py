@@ -3,7 +3,7 @@ step records, and what each phase contains."""
 
 from __future__ import annotations
 
-from specview.events import ratio
+from specview.events import Counts
 
 PROFILE_SCHEMA = "specview.profile/1"
 BENCH_SCHEMA = "specview.bench/1"
@@ -30,54 +30,34 @@ PHASE_HELP = {
 
 def summarize(steps: list[dict], prefill_ms: float = 0.0) -> dict:
     """The profile's "summary" from its step records (JSON dicts as in the JSONL)."""
-    phases = {k: 0.0 for k in PHASE_KEYS}
+    counts = Counts(prefill_ms=prefill_ms)
     layernorm = {"draft": 0.0, "verify": 0.0}
-    drafted = accepted = rejections = tokens = 0
-    pos_drafted: list[int] = []
-    pos_accepted: list[int] = []
-    steps_ms = 0.0
     rss_peak = device_peak = None
     for s in steps:
-        for k, v in (s.get("phases_ms") or {}).items():
-            if k in phases and isinstance(v, (int, float)):
-                phases[k] += v
+        counts.add_json(s)
         for k, v in (s.get("layernorm_ms") or {}).items():
             if k in layernorm and isinstance(v, (int, float)):
                 layernorm[k] += v
-        steps_ms += s.get("wall_ms") or 0.0
-        n = len(s.get("drafted") or [])
-        acc = s.get("accepted") or 0
-        drafted += n
-        accepted += acc
-        rejections += s.get("rejected_at") is not None
-        tokens += len(s.get("emitted") or [])
-        for i in range(n):
-            if i >= len(pos_drafted):
-                pos_drafted.append(0)
-                pos_accepted.append(0)
-            pos_drafted[i] += 1
-            pos_accepted[i] += i < acc
         mem = s.get("memory_mb") or {}
         rss_peak = _max(rss_peak, mem.get("rss"))
         device_peak = _max(device_peak, mem.get("device_peak") or mem.get("device_allocated"))
-    wall_ms = prefill_ms + steps_ms
     return {
-        "wall_ms": wall_ms,
-        "phases_ms": phases,
+        "wall_ms": counts.wall_s * 1000,
+        "phases_ms": {k: counts.phases_ms.get(k, 0.0) for k in PHASE_KEYS},
         "layernorm_ms": layernorm,
-        "steps": len(steps),
-        "drafted": drafted,
-        "accepted": accepted,
-        "acceptance_rate": ratio(accepted, drafted),
-        "alpha": ratio(accepted, accepted + rejections),
-        "per_position_acceptance": [ratio(a, d) for a, d in zip(pos_accepted, pos_drafted)],
-        "tokens_per_s": ratio(tokens, wall_ms / 1000),
+        "steps": counts.steps,
+        "drafted": counts.drafted,
+        "accepted": counts.accepted,
+        "acceptance_rate": counts.acceptance_rate,
+        "alpha": counts.alpha,
+        "per_position_acceptance": counts.per_position_acceptance,
+        "tokens_per_s": counts.tokens_per_s,
         "memory_peak_mb": {"rss": rss_peak, "device": device_peak},
         # Beyond the DESIGN shape (additions only): what the figures above are made of.
         "prefill_ms": prefill_ms,
-        "tokens": tokens,
-        "rejections": rejections,
-        "mean_emitted_per_step": ratio(tokens, len(steps)),
+        "tokens": counts.emitted,
+        "rejections": counts.rejections,
+        "mean_emitted_per_step": counts.mean_emitted_per_step,
     }
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specview.events import StepResult, expected_tokens_per_step, ratio
+from specview.events import Counts, StepResult, expected_tokens_per_step, ratio
 
 RECENT = 20  # steps in the "last 20" acceptance rate
 PHASE_ROWS = ("draft", "verify", "sample", "softmax", "layernorm", "cache", "other")
@@ -16,43 +16,27 @@ PHASE_ROWS = ("draft", "verify", "sample", "softmax", "layernorm", "cache", "oth
 @dataclass
 class LiveStats:
     t_ar_ms: float | None = None  # one-token target forward, timed after loading
-    prefill_ms: float = 0.0
     steps: list[StepResult] = field(default_factory=list)
-    drafted: int = 0
-    accepted: int = 0
-    rejections: int = 0
-    emitted: int = 0
-    wall_ms: float = 0.0  # sum of step wall times (waiting for a key is not counted)
-    draft_ms: float = 0.0
-    verify_ms: float = 0.0
-    phase_sums: dict[str, float] = field(default_factory=dict)
-    pos_drafted: list[int] = field(default_factory=list)
-    pos_accepted: list[int] = field(default_factory=list)
+    counts: Counts = field(default_factory=Counts)  # the shared metric definitions (events.Counts)
+    layernorm_sums: dict[str, float] = field(default_factory=dict)  # the norm hooks' split, summed
 
     def add(self, s: StepResult) -> None:
         self.steps.append(s)
-        self.drafted += len(s.drafted)
-        self.accepted += s.accepted
-        self.rejections += s.rejected_at is not None
-        self.emitted += len(s.emitted)
-        self.wall_ms += s.wall_ms
-        self.draft_ms += s.phases_ms.get("draft", 0.0)
-        self.verify_ms += s.phases_ms.get("verify", 0.0)
-        for name, ms in s.phases_ms.items():
-            self.phase_sums[name] = self.phase_sums.get(name, 0.0) + ms
-        for model, ms in s.layernorm_ms.items():  # the norm hooks' split: {"draft": .., "verify": ..}
-            key = f"layernorm_{model}"
-            self.phase_sums[key] = self.phase_sums.get(key, 0.0) + ms
-        for i in range(len(s.drafted)):
-            if i >= len(self.pos_drafted):
-                self.pos_drafted.append(0)
-                self.pos_accepted.append(0)
-            self.pos_drafted[i] += 1
-            self.pos_accepted[i] += i < s.accepted
+        self.counts.add(s)
+        for model, ms in s.layernorm_ms.items():  # {"draft": .., "verify": ..}
+            self.layernorm_sums[model] = self.layernorm_sums.get(model, 0.0) + ms
+
+    @property
+    def prefill_ms(self) -> float:
+        return self.counts.prefill_ms
+
+    @prefill_ms.setter
+    def prefill_ms(self, ms: float) -> None:
+        self.counts.prefill_ms = ms
 
     @property
     def acceptance_rate(self) -> float | None:
-        return ratio(self.accepted, self.drafted)
+        return self.counts.acceptance_rate
 
     def recent_rate(self, n: int = RECENT) -> float | None:
         last = self.steps[-n:]
@@ -60,12 +44,12 @@ class LiveStats:
 
     @property
     def alpha(self) -> float | None:
-        return ratio(self.accepted, self.accepted + self.rejections)
+        return self.counts.alpha
 
     @property
     def per_position(self) -> list[tuple[float | None, int]]:
         """(acceptance of position i+1, steps that drafted it)."""
-        return [(ratio(a, d), d) for a, d in zip(self.pos_accepted, self.pos_drafted)]
+        return list(zip(self.counts.per_position_acceptance, self.counts.per_position_drafted))
 
     @property
     def tokens_per_step(self) -> list[int]:
@@ -73,27 +57,27 @@ class LiveStats:
 
     @property
     def mean_emitted(self) -> float | None:
-        return ratio(self.emitted, len(self.steps))
+        return self.counts.mean_emitted_per_step
 
     @property
     def mean_k(self) -> float | None:
         """Drafts per step actually made (K, or fewer near N and the context end)."""
-        return ratio(self.drafted, len(self.steps))
+        return self.counts.drafted_per_step
 
     @property
     def tokens_per_s(self) -> float | None:
-        return ratio(self.emitted, (self.prefill_ms + self.wall_ms) / 1000)
+        return self.counts.tokens_per_s
 
     @property
     def c(self) -> float | None:
         """Draft forward time per drafted token / t_ar."""
-        per_token = ratio(self.draft_ms, self.drafted)
+        per_token = ratio(self.counts.phases_ms.get("draft", 0.0), self.counts.drafted)
         return ratio(per_token, self.t_ar_ms) if per_token is not None else None
 
     @property
     def v(self) -> float | None:
         """Mean verify forward time / t_ar."""
-        mean = ratio(self.verify_ms, len(self.steps))
+        mean = ratio(self.counts.phases_ms.get("verify", 0.0), self.counts.steps)
         return ratio(mean, self.t_ar_ms) if mean is not None else None
 
     def theoretical_speedup(self, e: float | None = None, k: float | None = None) -> float | None:
@@ -116,14 +100,19 @@ class LiveStats:
         """Autoregressive time for these tokens (emitted x t_ar) / the time the steps took."""
         if self.t_ar_ms is None or not self.steps:
             return None
-        return ratio(self.emitted * self.t_ar_ms, self.wall_ms)
+        return ratio(self.counts.emitted * self.t_ar_ms, self.counts.steps_ms)
 
     def phase_mean(self, name: str) -> float | None:
-        return ratio(self.phase_sums.get(name, 0.0), len(self.steps)) if self.steps else None
+        """Mean ms per step of a phase; `layernorm_draft` / `layernorm_verify` for the hooks' split."""
+        if not self.steps:
+            return None
+        if name.startswith("layernorm_"):
+            return ratio(self.layernorm_sums.get(name.removeprefix("layernorm_"), 0.0), self.counts.steps)
+        return ratio(self.counts.phases_ms.get(name, 0.0), self.counts.steps)
 
     @property
     def mean_wall_ms(self) -> float | None:
-        return ratio(self.wall_ms, len(self.steps))
+        return ratio(self.counts.steps_ms, self.counts.steps)
 
     def memory_series(self, key: str = "rss") -> list[float]:
         return [s.memory_mb[key] for s in self.steps if s.memory_mb.get(key) is not None]
