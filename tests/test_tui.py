@@ -242,6 +242,10 @@ async def test_scripted_failure_names_the_step():
         await settle(app, pilot)
         await pilot.press("r")
         await settle(app, pilot)
+        for _ in range(50):  # the panel mounts when StepFailed is handled: on a busy machine, a moment later
+            if app.query(ErrorPanel):
+                break
+            await pilot.pause(0.05)
         assert len(app.views) == 2
         assert app.query_one(ErrorPanel).border_title == "step 3 failed"
 
