@@ -37,10 +37,10 @@ from specview.bench_metrics import (
 )
 from specview.bench_table import render
 from specview.errors import SpecviewError
+from specview.profiling.profile import METHOD_ORDER
 from specview.session import Settings, open_session
 
 BENCH_DEFAULTS = {"ignore_eos": True}  # equal token counts for every method; other defaults as `run` (DESIGN)
-METHOD_ORDER = ("autoregressive", "speculative", "draft_autoregressive", "hf_generate", "hf_assisted")
 
 
 def parse_sweep(text: str) -> list[int]:

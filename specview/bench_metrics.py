@@ -8,8 +8,7 @@ import statistics
 
 from specview.bench_methods import RunRecord
 from specview.events import Counts, _clean, expected_tokens_per_step, ratio
-
-BENCH_SCHEMA = "specview.bench/1"
+from specview.profiling.profile import BENCH_SCHEMA  # noqa: F401 - bench.py imports it from here
 
 
 def method_stats(records: list[RunRecord], baseline_mean_s: float | None = None) -> dict:

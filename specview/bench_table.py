@@ -6,11 +6,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-PHASES = ("draft", "verify", "sample", "cache", "other")
-
-
-def fmt(v, spec: str = "{:.2f}") -> str:
-    return "n/a" if v is None else spec.format(v)
+from specview.events import PHASES, fmt
 
 
 def render(doc: dict) -> Group:

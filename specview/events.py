@@ -10,7 +10,8 @@ import math
 from dataclasses import asdict, dataclass, field
 
 EVENTS_SCHEMA = "specview.events/1"
-PHASES = ("draft", "verify", "sample", "cache", "other")  # measured top-level phases + remainder
+MEASURED_PHASES = ("draft", "verify", "sample", "cache")  # timed, never overlapping, within the step
+PHASES = MEASURED_PHASES + ("other",)  # + the remainder of the step's wall time
 NESTED_PHASES = ("softmax", "layernorm")  # inside sample / inside draft and verify
 
 
@@ -168,6 +169,13 @@ class RunSummary(Counts):
 
 def ratio(num: float, den: float) -> float | None:
     return num / den if den else None
+
+
+def fmt(value, spec: str = "{:.2f}", missing: str = "n/a") -> str:
+    """A figure for a table: a value that does not exist (None) shows as n/a."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return missing
+    return spec.format(value)
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specview.events import EVENTS_SCHEMA, Counts, RunSummary, StepResult
+from specview.events import EVENTS_SCHEMA, Counts, RunSummary, StepResult, fmt
 from specview.session import Session, Settings, open_session
 
 STYLES = {"prompt": "dim", "accepted": "green", "resampled": "bold red", "bonus": "bold blue", "target": ""}
@@ -65,9 +65,6 @@ def summary_table(summaries: list[RunSummary], method: str) -> Table:
     table = Table(title=f"{method}", title_justify="left")
     for col in ("run", "tokens", "steps", "accept rate", "alpha", "tokens/step", "tokens/s", "wall s", "stop"):
         table.add_column(col, justify="right" if col not in ("stop",) else "left")
-
-    def fmt(v, spec="{:.2f}"):
-        return "n/a" if v is None else spec.format(v)
 
     for s in summaries:
         table.add_row(str(s.run), str(len(s.generated_ids)), str(s.steps), fmt(s.acceptance_rate, "{:.1%}"),

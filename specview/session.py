@@ -58,11 +58,11 @@ class Session:
     device: torch.device
     load_s: float
 
-    def decoder(self, method: str = "speculative", timer: PhaseTimer | None = None, seed_offset: int = 0) -> Decoder:
+    def decoder(self, method: str = "speculative", timer: PhaseTimer | None = None) -> Decoder:
         s = self.settings
         draft = self.draft if method == "speculative" else None
         target = self.draft if method == "draft_autoregressive" else self.target
-        return Decoder(target, draft, s.sampling, k=s.k, seed=s.seed + seed_offset,
+        return Decoder(target, draft, s.sampling, k=s.k, seed=s.seed,
                        timer=timer or PhaseTimer(self.device), ignore_eos=s.ignore_eos)
 
     def meta(self) -> dict:

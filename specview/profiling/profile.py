@@ -3,12 +3,13 @@ step records, and what each phase contains."""
 
 from __future__ import annotations
 
-from specview.events import Counts
+from specview.events import MEASURED_PHASES, NESTED_PHASES, PHASES, Counts
 
 PROFILE_SCHEMA = "specview.profile/1"
 BENCH_SCHEMA = "specview.bench/1"
-PHASE_KEYS = ("draft", "verify", "sample", "cache", "other", "softmax", "layernorm")
-MEASURED = ("draft", "verify", "sample", "cache")
+PHASE_KEYS = PHASES + NESTED_PHASES
+MEASURED = MEASURED_PHASES
+METHOD_ORDER = ("autoregressive", "speculative", "draft_autoregressive", "hf_generate", "hf_assisted")  # bench
 
 # What each phase contains: the report prints this, so a number always comes with its meaning.
 PHASE_HELP = {

@@ -17,10 +17,10 @@ from rich.table import Table
 from rich.text import Text
 
 from specview.errors import SpecviewError
-from specview.profiling.profile import BENCH_SCHEMA, MEASURED, PHASE_HELP, PROFILE_SCHEMA
+from specview.events import fmt
+from specview.profiling.profile import BENCH_SCHEMA, MEASURED, METHOD_ORDER, PHASE_HELP, PROFILE_SCHEMA
 
 KNOWN = {"specview.profile": PROFILE_SCHEMA, "specview.bench": BENCH_SCHEMA}
-METHOD_ORDER = ("autoregressive", "speculative", "draft_autoregressive", "hf_generate", "hf_assisted")
 
 
 def build_report_parser(parser_class) -> argparse.ArgumentParser:
@@ -153,11 +153,6 @@ def _check_shape(path: str, doc: dict) -> None:
 
 def _num(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def fmt(v, spec: str = "{:.2f}", na: str = "n/a") -> str:
-    v = _num(v)
-    return na if v is None else spec.format(v)
 
 
 def pct(part, whole) -> str:

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-TOP_LEVEL = ("draft", "verify", "sample", "cache")
+from specview.events import MEASURED_PHASES
+
+TOP_LEVEL = MEASURED_PHASES
 HISTORY = 256  # step timings kept for a client that reads them a little after the step (the TUI)
 
 
@@ -96,10 +98,6 @@ class PhaseTimer:
     def current(self) -> str | None:
         """The top-level phase open right now (None outside a step's phases, e.g. during prefill)."""
         return self._stack[0] if self._stack else None
-
-    def add(self, name: str, ms: float) -> None:
-        """Time measured elsewhere added to a nested phase."""
-        self.ms[name] += ms
 
     def nested(self, name: str, t0: float, t1: float) -> None:
         """A nested span measured on the host clock (perf_counter seconds) by a hook. Outside a phase

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from specview.events import fmt  # noqa: F401 - the widgets format through here
+
 ORIGIN_STYLES = {  # as in `specview run`
     "prompt": "dim",
     "accepted": "green",
@@ -12,10 +14,6 @@ ORIGIN_STYLES = {  # as in `specview run`
 }
 HIGHLIGHT = "on grey23"  # the block of the step on view
 SPARKS = "▁▂▃▄▅▆▇█"
-
-
-def fmt(value: float | None, spec: str = "{:.2f}", missing: str = "n/a") -> str:
-    return missing if value is None else spec.format(value)
 
 
 def pct(value: float | None) -> str:
