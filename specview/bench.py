@@ -36,6 +36,7 @@ from specview.bench_metrics import (
     sweep_inputs,
 )
 from specview.bench_table import render
+from specview.cli import number_type
 from specview.errors import SpecviewError
 from specview.profiling.profile import METHOD_ORDER
 from specview.session import Settings, open_session
@@ -57,16 +58,6 @@ def parse_sweep(text: str) -> list[int]:
     return sorted(set(ks))
 
 
-def _num_runs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--num-runs must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--num-runs must be >= 1, got {text}")
-    return value
-
-
 def build_bench_parser(parser_class, add_run_options) -> argparse.ArgumentParser:
     p = parser_class(
         prog="specview bench",
@@ -86,7 +77,7 @@ def build_bench_parser(parser_class, add_run_options) -> argparse.ArgumentParser
     g = p.add_argument_group("bench")
     g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="stop at EOS (methods may then emit different numbers of tokens)")
-    g.add_argument("--num-runs", "-R", type=_num_runs, default=5, help="timed rounds after the warm-up (default 5)")
+    g.add_argument("--num-runs", "-R", type=number_type(int, "--num-runs", lambda v: v >= 1, ">= 1"), default=5, help="timed rounds after the warm-up (default 5)")
     g.add_argument("--peer", choices=sorted(PEERS), default=None,
                    help="also time a peer implementation: hf = transformers generate() and assisted generation")
     g.add_argument("--sweep-k", type=parse_sweep, default=None, metavar="K,K,..",

@@ -35,7 +35,7 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _number(kind, name: str, ok, rule: str):
+def number_type(kind, name: str, ok, rule: str):
     def parse(text: str):
         try:
             value = kind(text)
@@ -57,22 +57,22 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help=f"the small model that proposes K tokens per step (default {DEFAULT_DRAFT})")
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                    help="auto picks cuda, then mps, then cpu")
-    g.add_argument("--threads", type=_number(int, "--threads", lambda v: v >= 1, ">= 1"), default=None,
+    g.add_argument("--threads", type=number_type(int, "--threads", lambda v: v >= 1, ">= 1"), default=None,
                    help="torch CPU threads (default: torch's choice)")
     g = p.add_argument_group("generation")
     g.add_argument("--prompt", "--input-str", default=DEFAULT_PROMPT, help="the prompt text ('' starts from BOS)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     g.add_argument("-N", "--max-new-tokens", "--N", dest="max_new_tokens", default=64,
-                   type=_number(int, "-N", lambda v: v >= 1, ">= 1"), help="tokens to generate (default 64)")
-    g.add_argument("-K", "--K", dest="k", default=4, type=_number(int, "-K", lambda v: v >= 1, ">= 1"),
+                   type=number_type(int, "-N", lambda v: v >= 1, ">= 1"), help="tokens to generate (default 64)")
+    g.add_argument("-K", "--K", dest="k", default=4, type=number_type(int, "-K", lambda v: v >= 1, ">= 1"),
                    help="tokens drafted per step (default 4)")
-    g.add_argument("--temperature", default=0.6, type=_number(float, "--temperature", lambda v: v >= 0, ">= 0"),
+    g.add_argument("--temperature", default=0.6, type=number_type(float, "--temperature", lambda v: v >= 0, ">= 0"),
                    help="0 = greedy for both models (default 0.6)")
-    g.add_argument("--top-k", default=0, type=_number(int, "--top-k", lambda v: v >= 0, ">= 0 (0 = off)"),
+    g.add_argument("--top-k", default=0, type=number_type(int, "--top-k", lambda v: v >= 0, ">= 0 (0 = off)"),
                    help="keep the k most likely tokens; 0 = off (default)")
-    g.add_argument("--top-p", default=1.0, type=_number(float, "--top-p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    g.add_argument("--top-p", default=1.0, type=number_type(float, "--top-p", lambda v: 0 < v <= 1, "in (0, 1]"),
                    help="nucleus sampling mass; 1.0 = off (default)")
-    g.add_argument("--seed", default=0, type=_number(int, "--seed", lambda v: v >= 0, ">= 0"),
+    g.add_argument("--seed", default=0, type=number_type(int, "--seed", lambda v: v >= 0, ">= 0"),
                    help="seeds the one random generator of the process (default 0)")
     g.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-sequence token")
     g.add_argument("--profile-dir", default=None, metavar="DIR",
@@ -86,7 +86,7 @@ def build_run_parser() -> Parser:
     g = p.add_argument_group("run")
     g.add_argument("--method", choices=["speculative", "autoregressive"], default="speculative",
                    help="autoregressive = the target alone, same code path (default speculative)")
-    g.add_argument("--num-runs", "-R", default=1, type=_number(int, "--num-runs", lambda v: v >= 1, ">= 1"),
+    g.add_argument("--num-runs", "-R", default=1, type=number_type(int, "--num-runs", lambda v: v >= 1, ">= 1"),
                    help="independent samples in one process, one generator (default 1)")
     g.add_argument("--jsonl", metavar="PATH|-", help="write the event stream (one JSON per line); - = stdout")
     g.add_argument("--profile", action="store_true", help="write a profile to --profile-dir (default profiles/)")
