@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from specview.errors import SpecviewError
@@ -106,10 +107,19 @@ def build_tui_parser() -> Parser:
     return p
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    if command in ("run", "bench"):
+        # `kill`, a CI timeout, a closed terminal: stop like Ctrl-C, so the end event, the summary and
+        # the profile of the steps done are still written.
+        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGHUP, _interrupt)
     try:
         if command == "run":
             from specview.runner import run_command

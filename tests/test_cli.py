@@ -130,20 +130,21 @@ def test_tui_without_a_terminal_points_to_run(capsys):
     assert code == 2 and "specview run" in err and len(err.strip().splitlines()) == 1
 
 
-def test_real_sigint_mid_run_still_ends_cleanly(tiny_dir, tmp_path):
-    """A real Ctrl-C (SIGINT) to a real process in the middle of a long run: the run's end event (marked
-    interrupted) and the summary are still written, with no traceback."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_real_signal_mid_run_still_ends_cleanly(tiny_dir, tmp_path, sig):
+    """A real Ctrl-C (SIGINT) or kill (SIGTERM) to a real process in the middle of a long run: the run's
+    end event (marked interrupted), the summary and the profile are still written, with no traceback."""
     import tiny
 
     path = tiny.save(tiny.make_model("gpt2", 16, 0, n_positions=8192), tiny.make_tokenizer(16), tiny_dir / "long")
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "specview.cli", "run", "--target", path, "--draft", path, "-N", "8000",
-         "--ignore-eos", "--jsonl", "-", "--quiet"],
+         "--ignore-eos", "--jsonl", "-", "--quiet", "--profile-dir", str(tmp_path / "prof")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     lines = [proc.stdout.readline() for _ in range(4)]  # start + 3 steps: the run is under way
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     rest, err = proc.communicate(timeout=120)
     events = [json.loads(x) for x in (lines + rest.splitlines()) if x.strip()]
     assert proc.returncode == 130
@@ -151,6 +152,9 @@ def test_real_sigint_mid_run_still_ends_cleanly(tiny_dir, tmp_path):
     assert events[-1]["type"] == "end" and events[-1]["stop_reason"] == "interrupted"
     assert 3 <= events[-1]["steps"] < 2000
     assert "Traceback" not in err and "tokens/s" in err
+    [profile] = [p for p in (tmp_path / "prof").glob("*.json") if p.name.count(".") == 1]
+    doc = json.loads(profile.read_text())
+    assert doc["summary"]["interrupted"] is True and doc["summary"]["steps"] == events[-1]["steps"]
 
 
 def test_empty_prompt_starts_from_bos(capsys, models):
