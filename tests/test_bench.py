@@ -7,24 +7,18 @@ import math
 
 import pytest
 import torch
+from helpers import run_cli
 
 from specview.bench import BENCH_DEFAULTS, build_bench_parser, parse_sweep, run_rounds
 from specview.bench_methods import HFMethod, generation_config, make_methods, no_eos
 from specview.bench_metrics import predict, recommend, same_tokens, speculative_metrics, sweep_inputs
-from specview.cli import Parser, add_run_options, main
+from specview.cli import Parser, add_run_options
 from specview.events import RunSummary, expected_tokens_per_step
 from specview.session import Settings, open_session
 
 METHODS = ["autoregressive", "speculative", "draft_autoregressive", "hf_generate", "hf_assisted"]
 
 
-def run_cli(capsys, *argv):
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -7,17 +7,7 @@ import subprocess
 import sys
 
 import pytest
-
-from specview.cli import main
-
-
-def run_cli(capsys, *argv):
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:  # argparse usage errors
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
+from helpers import run_cli
 
 
 @pytest.fixture

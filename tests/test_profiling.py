@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from helpers import run_cli
 
 import tiny
 from specview.cli import main
@@ -31,13 +32,6 @@ STEP_KEYS = {"run", "step", "drafted", "q", "p", "r", "accepted", "rejected_at",
              "emitted", "tokens", "stop_reason", "phases_ms", "memory_mb"}
 
 
-def cli(capsys, *argv):
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def profile_files(folder):
@@ -98,7 +92,7 @@ def assert_speedscope_valid(scope):
 
 def test_run_profile_files_golden_structure(capsys, pair_paths, tmp_path):
     out_dir = tmp_path / "p"
-    code, out, err = cli(capsys, "run", "--target", pair_paths[0], "--draft", pair_paths[1], "--prompt", "w1 w2 w3",
+    code, out, err = run_cli(capsys, "run", "--target", pair_paths[0], "--draft", pair_paths[1], "--prompt", "w1 w2 w3",
                          "-N", "12", "-K", "3", "--temperature", "0", "--ignore-eos", "--profile-dir", str(out_dir),
                          "-q")
     assert code == 0, err
@@ -221,7 +215,7 @@ def test_interrupted_run_leaves_valid_profile(capsys, gpt2_paths, tmp_path, monk
         return real_step(self)
 
     monkeypatch.setattr(engine.Run, "step", step)
-    code, out, err = cli(capsys, "run", "--target", gpt2_paths[0], "--draft", gpt2_paths[1], "-N", "30",
+    code, out, err = run_cli(capsys, "run", "--target", gpt2_paths[0], "--draft", gpt2_paths[1], "-N", "30",
                          "--ignore-eos", "--profile-dir", str(tmp_path), "-q")
     assert code == 130
     path, profile, trace, scope = profile_files(tmp_path)
@@ -293,7 +287,7 @@ def test_autoregressive_profile_and_resave(gpt2_paths, tmp_path):
 
 
 def test_profile_ops(capsys, gpt2_paths, tmp_path):
-    code, out, err = cli(capsys, "run", "--target", gpt2_paths[0], "--draft", gpt2_paths[1], "-N", "8",
+    code, out, err = run_cli(capsys, "run", "--target", gpt2_paths[0], "--draft", gpt2_paths[1], "-N", "8",
                          "--ignore-eos", "--profile-ops", "--profile-dir", str(tmp_path), "-q")
     assert code == 0, err
     ops_files = glob.glob(str(tmp_path / "*.ops.trace.json"))
@@ -313,7 +307,7 @@ def test_profile_ops(capsys, gpt2_paths, tmp_path):
 
 
 def test_py_spy_runs_or_says_why(capsys, gpt2_paths, tmp_path):
-    code, out, err = cli(capsys, "run", "--target", gpt2_paths[0], "--draft", gpt2_paths[1], "-N", "8",
+    code, out, err = run_cli(capsys, "run", "--target", gpt2_paths[0], "--draft", gpt2_paths[1], "-N", "8",
                          "--ignore-eos", "--py-spy", "--profile-dir", str(tmp_path), "-q")
     assert code == 0, err
     lines = [line for line in err.splitlines() if "py-spy" in line]
