@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-from helpers import run_cli
 
+from helpers import run_cli
 from specview.bench import BENCH_DEFAULTS, build_bench_parser, parse_sweep, run_rounds
 from specview.bench_methods import HFMethod, generation_config, make_methods, no_eos
 from specview.bench_metrics import predict, recommend, same_tokens, speculative_metrics, sweep_inputs

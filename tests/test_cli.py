@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from helpers import run_cli
 
 

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import torch
-from helpers import run_cli
 
 import tiny
+from helpers import run_cli
 from specview.cli import main
 from specview.profiling.export import (
     StepRecord,
