@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 
 
 def run_tui(app) -> int:
     loop = asyncio.new_event_loop()  # our own loop: app.run() then does not wait for a model still loading
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # kill / a closed terminal: leave, and save below
+        loop.add_signal_handler(sig, app.exit)
     try:
         app.run(loop=loop)
     finally:
