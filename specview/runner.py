@@ -64,10 +64,9 @@ class JsonlWriter:
 def summary_table(summaries: list[RunSummary], method: str) -> Table:
     table = Table(title=f"{method}", title_justify="left")
     for col in ("run", "tokens", "steps", "accept rate", "alpha", "tokens/step", "tokens/s", "wall s", "stop"):
-        table.add_column(col, justify="right" if col not in ("stop",) else "left")
-
+        table.add_column(col, justify="left" if col == "stop" else "right")
     for s in summaries:
-        table.add_row(str(s.run), str(len(s.generated_ids)), str(s.steps), fmt(s.acceptance_rate, "{:.1%}"),
+        table.add_row(str(s.run), str(s.emitted), str(s.steps), fmt(s.acceptance_rate, "{:.1%}"),
                       fmt(s.alpha, "{:.3f}"), fmt(s.mean_emitted_per_step), fmt(s.tokens_per_s, "{:.1f}"),
                       fmt(s.wall_s), s.stop_reason or "")
     if len(summaries) > 1:
