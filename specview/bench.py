@@ -36,8 +36,8 @@ from specview.bench_metrics import (
     sweep_inputs,
 )
 from specview.bench_table import render
-from specview.cli import number_type
 from specview.errors import SpecviewError
+from specview.options import number_type
 from specview.profiling.profile import METHOD_ORDER
 from specview.session import Settings, open_session
 

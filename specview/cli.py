@@ -11,8 +11,7 @@ import signal
 import sys
 
 from specview.errors import SpecviewError
-from specview.models import DEFAULT_DRAFT, DEFAULT_TARGET
-from specview.session import DEFAULT_PROMPT
+from specview.options import Parser, add_run_options, number_type  # noqa: F401 - tests and bench use them via cli
 
 SUBCOMMANDS = ("run", "bench", "report")
 EPILOG = """\
@@ -27,57 +26,6 @@ smollm2-135m, with an optional @float32/@bfloat16/@float16 suffix.
 Colours in the token stream: green = accepted draft token, red = resampled after a
 rejection, blue = bonus token (all K drafts accepted).
 """
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is ONE line (the contract), with a pointer to --help."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def number_type(kind, name: str, ok, rule: str):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"{name} must be {rule}, got {text}")
-        return value
-
-    parse.__name__ = name  # argparse names the option in its message from this
-    return parse
-
-
-def add_run_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("models")
-    g.add_argument("--target", "--target-model", default=DEFAULT_TARGET, metavar="MODEL",
-                   help=f"the model whose distribution the output follows (default {DEFAULT_TARGET})")
-    g.add_argument("--draft", "--draft-model", default=DEFAULT_DRAFT, metavar="MODEL",
-                   help=f"the small model that proposes K tokens per step (default {DEFAULT_DRAFT})")
-    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
-                   help="auto picks cuda, then mps, then cpu")
-    g.add_argument("--threads", type=number_type(int, "--threads", lambda v: v >= 1, ">= 1"), default=None,
-                   help="torch CPU threads (default: torch's choice)")
-    g = p.add_argument_group("generation")
-    g.add_argument("--prompt", "--input-str", default=DEFAULT_PROMPT, help="the prompt text ('' starts from BOS)")
-    g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    g.add_argument("-N", "--max-new-tokens", "--N", dest="max_new_tokens", default=64,
-                   type=number_type(int, "-N", lambda v: v >= 1, ">= 1"), help="tokens to generate (default 64)")
-    g.add_argument("-K", "--K", dest="k", default=4, type=number_type(int, "-K", lambda v: v >= 1, ">= 1"),
-                   help="tokens drafted per step (default 4)")
-    g.add_argument("--temperature", default=0.6, type=number_type(float, "--temperature", lambda v: v >= 0, ">= 0"),
-                   help="0 = greedy for both models (default 0.6)")
-    g.add_argument("--top-k", default=0, type=number_type(int, "--top-k", lambda v: v >= 0, ">= 0 (0 = off)"),
-                   help="keep the k most likely tokens; 0 = off (default)")
-    g.add_argument("--top-p", default=1.0, type=number_type(float, "--top-p", lambda v: 0 < v <= 1, "in (0, 1]"),
-                   help="nucleus sampling mass; 1.0 = off (default)")
-    g.add_argument("--seed", default=0, type=number_type(int, "--seed", lambda v: v >= 0, ">= 0"),
-                   help="seeds the one random generator of the process (default 0)")
-    g.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-sequence token")
-    g.add_argument("--profile-dir", default=None, metavar="DIR",
-                   help="where profile files go (default profiles/)")
 
 
 def build_run_parser() -> Parser:

@@ -11,3 +11,15 @@ def test_headless_modules_do_not_import_textual():
     code = f"import sys; import {', '.join(HEADLESS)}; print(sorted(m for m in sys.modules if m.startswith('textual')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_import_linter_contract_holds():
+    """The static check (pyproject's [tool.importlinter]): not even a lazy import path leads to textual."""
+    import os
+    import shutil
+
+    exe = shutil.which("lint-imports", path=os.path.dirname(sys.executable))
+    assert exe, "import-linter is a dev dependency: make install puts it in .venv"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([exe], capture_output=True, text=True, cwd=root)
+    assert result.returncode == 0, result.stdout[-2000:]
