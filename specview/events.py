@@ -37,6 +37,14 @@ class StepResult:
     k: int = 0  # K asked for this step (may exceed len(drafted) near N or the context end)
     run: int = 0
 
+    def origins(self) -> list[str]:
+        """Where each emitted token came from: "accepted" draft tokens, then the "resampled" token after
+        a rejection or the target's "bonus" token (an autoregressive step's one token is a bonus)."""
+        out = ["accepted"] * min(self.accepted, len(self.emitted))
+        if len(self.emitted) > self.accepted:
+            out.append("resampled" if self.rejected_at is not None else "bonus")
+        return out
+
     def to_json(self) -> dict:
         d = asdict(self)
         d["type"] = "step"

@@ -18,13 +18,8 @@ STYLES = {"prompt": "dim", "accepted": "green", "resampled": "bold red", "bonus"
 
 
 def token_origins(step: StepResult, method: str) -> list[str]:
-    """Origin of each emitted token: accepted draft, resampled after a rejection, or bonus."""
-    if method == "autoregressive":
-        return ["target"] * len(step.emitted)
-    origins = ["accepted"] * min(step.accepted, len(step.emitted))
-    if len(step.emitted) > step.accepted:
-        origins.append("resampled" if step.rejected_at is not None else "bonus")
-    return origins
+    """Origin of each emitted token; with the target alone every token is simply the target's."""
+    return ["target"] * len(step.emitted) if method == "autoregressive" else step.origins()
 
 
 def start_event(session: Session, method: str, num_runs: int) -> dict:

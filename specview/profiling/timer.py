@@ -53,7 +53,7 @@ class PhaseTimer:
         self.history: deque[StepTiming] = deque(maxlen=HISTORY)
         self.last: StepTiming | None = None
         self._stack: list[str] = []  # phases open right now, outermost first
-        self._events: list[tuple[str, object, object, int]] = []
+        self._events: list[tuple[str, object, object]] = []
         self._nested_events: list[tuple[str, str, object, object]] = []
         self._step_t0 = 0.0
 
@@ -86,7 +86,7 @@ class PhaseTimer:
         finally:
             if self._cuda:
                 end.record()
-                self._events.append((name, start, end, len(self.spans)))
+                self._events.append((name, start, end))
             if self._mps:
                 torch.mps.synchronize()
             t1 = time.perf_counter()
@@ -125,7 +125,7 @@ class PhaseTimer:
             last = self._events[-1][2] if self._events else self._nested_events[-1][3]
             last.synchronize()
             host = defaultdict(float)
-            for name, start, end, _ in self._events:
+            for name, start, end in self._events:
                 host[name] += start.elapsed_time(end)
             for name, part, start, end in self._nested_events:
                 ms = start.elapsed_time(end)

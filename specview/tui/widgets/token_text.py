@@ -10,14 +10,6 @@ from specview.tui.backend import StepView
 from specview.tui.render import HIGHLIGHT, ORIGIN_STYLES
 
 
-def origins(view: StepView) -> list[str]:
-    s = view.step
-    out = ["accepted"] * min(s.accepted, len(s.emitted))
-    if len(s.emitted) > s.accepted:
-        out.append("resampled" if s.rejected_at is not None else "bonus")
-    return out
-
-
 class TokenText(VerticalScroll, can_focus=False):
     """Not focusable: a focused scroll container would take ←/→ (browsing) for scrolling."""
 
@@ -43,7 +35,7 @@ class TokenText(VerticalScroll, can_focus=False):
             on_view = highlight == i
             if on_view:
                 block_start = len(text)
-            for piece, origin in zip(view.step.tokens, origins(view)):
+            for piece, origin in zip(view.step.tokens, view.step.origins()):
                 style = ORIGIN_STYLES[origin] + (" " + HIGHLIGHT if on_view else "")
                 text.append(piece, style=style)
         self.body.update(text)
