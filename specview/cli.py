@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 
 from specview.errors import SpecviewError
-from specview.options import Parser, add_run_options, number_type  # noqa: F401 - tests and bench use them via cli
+from specview.options import Parser, add_run_options, number_type
 
 SUBCOMMANDS = ("run", "bench", "report")
 EPILOG = """\
@@ -55,32 +54,23 @@ def build_tui_parser() -> Parser:
     return p
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else None
-    if command in ("run", "bench"):
-        # `kill`, a CI timeout, a closed terminal: stop like Ctrl-C, so the end event, the summary and
-        # the profile of the steps done are still written.
-        signal.signal(signal.SIGTERM, _interrupt)
-        signal.signal(signal.SIGHUP, _interrupt)
     try:
         if command == "run":
             from specview.runner import run_command
 
             return run_command(build_run_parser().parse_args(argv[1:]))
         if command == "bench":
-            from specview.bench import bench_command, build_bench_parser
+            from specview.bench.command import bench_command, build_bench_parser
 
-            return bench_command(build_bench_parser(Parser, add_run_options).parse_args(argv[1:]))
+            return bench_command(build_bench_parser().parse_args(argv[1:]))
         if command == "report":
-            from specview.profiling.report import build_report_parser, report_command
+            from specview.report import build_report_parser, report_command
 
-            return report_command(build_report_parser(Parser).parse_args(argv[1:]))
+            return report_command(build_report_parser().parse_args(argv[1:]))
         args = build_tui_parser().parse_args(argv)
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise SpecviewError("the TUI needs a terminal; for headless output use `specview run` (same options)")

@@ -19,10 +19,11 @@ import torch
 
 from specview import fastlinear
 from specview.events import RunSummary, StepResult
+from specview.memory import memory_mb
 from specview.models import LoadedModel, vocab_limit
-from specview.profiling.memory import memory_mb
-from specview.profiling.timer import PhaseTimer
-from specview.sampling import SamplingConfig, probs_from_logits, sample
+from specview.sampling import probs_from_logits, sample
+from specview.settings import SamplingConfig
+from specview.timing import PhaseTimer
 
 RESIDUAL_TOP = 5  # residual candidates reported at a rejection
 

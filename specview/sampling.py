@@ -3,20 +3,9 @@ accept test is exactly the distribution the draft sampled from."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    temperature: float = 0.6  # 0 = greedy for both models
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1.0 = off
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from specview.settings import SamplingConfig
 
 
 def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -6,47 +6,15 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
 from specview.engine import Decoder
 from specview.errors import SpecviewError
-from specview.models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, load_pair, resolve_device
-from specview.profiling.timer import PhaseTimer
-from specview.sampling import SamplingConfig
-
-DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
-
-
-@dataclass
-class Settings:
-    target: str = DEFAULT_TARGET
-    draft: str = DEFAULT_DRAFT
-    prompt: str = DEFAULT_PROMPT
-    chat: bool = False  # wrap the prompt in the tokenizer's chat template
-    max_new_tokens: int = 64  # N
-    k: int = 4  # drafted tokens per step
-    temperature: float = 0.6  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1.0 = off
-    seed: int = 0
-    device: str = "auto"
-    threads: int | None = None  # torch intra-op threads; None = torch's default
-    ignore_eos: bool = False
-    profile_dir: str = "profiles"
-
-    @classmethod
-    def from_args(cls, args) -> Settings:
-        fields = cls.__dataclass_fields__
-        return cls(**{name: getattr(args, name) for name in fields if getattr(args, name, None) is not None})
-
-    @property
-    def sampling(self) -> SamplingConfig:
-        return SamplingConfig(self.temperature, self.top_k, self.top_p)
-
-    def to_json(self) -> dict:
-        return asdict(self)
+from specview.models import LoadedModel, load_pair, resolve_device
+from specview.settings import Settings
+from specview.timing import PhaseTimer
 
 
 @dataclass

@@ -9,12 +9,14 @@ import pytest
 import torch
 
 from helpers import run_cli
-from specview.bench import BENCH_DEFAULTS, build_bench_parser, parse_sweep, run_rounds
-from specview.bench_methods import HFMethod, generation_config, make_methods, no_eos
-from specview.bench_metrics import predict, recommend, same_tokens, speculative_metrics, sweep_inputs
-from specview.cli import Parser, add_run_options
-from specview.events import RunSummary, expected_tokens_per_step
-from specview.session import Settings, open_session
+from specview.bench.command import BENCH_DEFAULTS, build_bench_parser, parse_sweep, run_rounds
+from specview.bench.methods import HFMethod, generation_config, make_methods, no_eos
+from specview.bench.metrics import predict, recommend, same_tokens, speculative_metrics, sweep_inputs
+from specview.events import RunSummary
+from specview.metrics import expected_tokens_per_step
+from specview.session import open_session
+from specview.settings import Settings
+from specview.stopping import Stop
 
 METHODS = ["autoregressive", "speculative", "draft_autoregressive", "hf_generate", "hf_assisted"]
 
@@ -42,7 +44,7 @@ def test_parse_sweep_sorts_and_dedups():
 
 
 def test_bench_defaults_and_no_ignore_eos():
-    parser = build_bench_parser(Parser, add_run_options)
+    parser = build_bench_parser()
     args = parser.parse_args([])
     assert (args.temperature, args.max_new_tokens, args.ignore_eos) == (0.6, 64, True)  # DESIGN defaults
     assert BENCH_DEFAULTS["ignore_eos"] and args.num_runs >= 1 and args.peer is None
@@ -177,13 +179,13 @@ def test_peers_stop_at_eos_like_ours(gpt2_paths):
 
 
 class Stub:
-    def __init__(self, name, log, fail_at=None):
-        self.name, self.log, self.fail_at = name, log, fail_at
+    def __init__(self, name, log, stop_at=None, stop=None):
+        self.name, self.log, self.stop_at, self.stop = name, log, stop_at, stop
 
     def run(self, k=None):
         self.log.append((self.name, k))
-        if self.fail_at is not None and len(self.log) >= self.fail_at:
-            raise KeyboardInterrupt
+        if self.stop_at is not None and len(self.log) >= self.stop_at:
+            self.stop.request("SIGINT")  # what the signal handler does, mid-run
         return self.name
 
 
@@ -198,15 +200,17 @@ def test_rounds_warm_up_then_interleave():
 
 
 def test_ctrl_c_keeps_complete_rounds():
-    log = []
-    methods = {n: Stub(n, log, fail_at=7) for n in "AB"}
+    """A stop during round 3's first run: that run is not a measurement, rounds 1 and 2 stay whole."""
+    log, stop = [], Stop()
+    methods = {n: Stub(n, log, stop_at=7, stop=stop) for n in "AB"}
     records = {}
-    assert run_rounds(methods, [("A", None), ("B", None)], 5, records) is True
+    assert run_rounds(methods, [("A", None), ("B", None)], 5, records, stop=stop) is True
+    assert len(log) == 7  # nothing ran after the stop
     assert {key: len(v) for key, v in records.items()} == {("A", None): 2, ("B", None): 2}
 
 
 def _record(method, wall, steps, drafted, accepted, rejections, tokens, draft_ms, verify_ms):
-    from specview.bench_methods import RunRecord
+    from specview.bench.methods import RunRecord
 
     s = RunSummary(steps=steps, drafted=drafted, accepted=accepted, rejections=rejections, emitted=tokens,
                    generated_ids=list(range(tokens)), per_position_drafted=[steps] * (drafted // max(steps, 1)),
@@ -247,5 +251,5 @@ def test_same_tokens_finds_the_first_difference():
 
 def test_hf_method_keeps_prompt_out_of_the_output(gpt2_paths):
     session = _session(gpt2_paths, max_new_tokens=5, ignore_eos=True)
-    record = HFMethod(session, assisted=False).run()
+    record = HFMethod(session, assisted=False, stop=Stop()).run()
     assert record.tokens == 5 and record.to_json()["tokens"] == 5

@@ -75,7 +75,7 @@ def test_copies_and_uninstall():
 
 def test_decoder_leaves_stock_forwards_outside_the_engine(loaded_pair):
     from specview.engine import Decoder
-    from specview.sampling import SamplingConfig
+    from specview.settings import SamplingConfig
 
     target, draft = loaded_pair
     ids = torch.tensor([[3, 4, 5]])

@@ -2,7 +2,7 @@
 
 import torch
 
-from specview.bench_pair import build_pair, byte_tokenizer, extend, greedy_agreement, make_draft, set_noise
+from specview.bench.pair import build_pair, byte_tokenizer, extend, greedy_agreement, make_draft, set_noise
 from specview.models import load_pair
 
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from specview.engine import Decoder
-from specview.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_pair
-from specview.sampling import SamplingConfig
-from specview.session import DEFAULT_PROMPT, encode_prompt
+from specview.models import load_pair
+from specview.session import encode_prompt
+from specview.settings import DEFAULT_DRAFT, DEFAULT_PROMPT, DEFAULT_TARGET, SamplingConfig
 
 
 @pytest.fixture(scope="module")

@@ -57,23 +57,34 @@ def test_autoregressive_method_and_file_output(capsys, models, tmp_path):
     assert events[-1]["acceptance_rate"] is None
 
 
-def test_ctrl_c_keeps_the_summary_and_the_end_event(capsys, models, monkeypatch):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_mid_step_finishes_the_step_then_stops(capsys, models, monkeypatch, sig):
+    """A signal delivered inside the third step (to this process, whatever SIGINT disposition pytest
+    inherited): the handler only sets the stop flag, the step completes, the loop stops before the fourth,
+    and the end event, the summary and exit 130 follow."""
     from specview.engine import Run
 
     real_step = Run.step
 
-    def interrupt_at_third(self):
+    def signal_in_third(self):
         if self.summary.steps == 2:
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), sig)
         return real_step(self)
 
-    monkeypatch.setattr(Run, "step", interrupt_at_third)
-    code, out, err = run_cli(capsys, "run", *models, "-N", "40", "--jsonl", "-", "--ignore-eos")
+    monkeypatch.setattr(Run, "step", signal_in_third)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job inherits it: must not matter
+    try:
+        code, out, err = run_cli(capsys, "run", *models, "-N", "40", "--jsonl", "-", "--ignore-eos")
+        restored = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert restored == signal.SIG_IGN  # the command put back what it found
     assert code == 130
     events = [json.loads(line) for line in out.splitlines()]
+    assert [e["type"] for e in events].count("step") == 3
     assert events[-1]["type"] == "end" and events[-1]["stop_reason"] == "interrupted"
-    assert events[-1]["steps"] == 2
-    assert "interrupted" in err
+    assert events[-1]["steps"] == 3
+    assert "tokens/s" in err  # the summary table
 
 
 BAD = [
@@ -133,6 +144,8 @@ def test_real_signal_mid_run_still_ends_cleanly(tiny_dir, tmp_path, sig):
         [sys.executable, "-m", "specview.cli", "run", "--target", path, "--draft", path, "-N", "8000",
          "--ignore-eos", "--jsonl", "-", "--quiet", "--profile-dir", str(tmp_path / "prof")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        # the worst case, always: a background job of a non-interactive shell starts with SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     lines = [proc.stdout.readline() for _ in range(4)]  # start + 3 steps: the run is under way
     proc.send_signal(sig)

@@ -6,9 +6,10 @@ import torch
 import tiny
 from specview.engine import Decoder
 from specview.errors import SpecviewError
-from specview.events import RunSummary, expected_tokens_per_step
+from specview.events import RunSummary
+from specview.metrics import expected_tokens_per_step
 from specview.models import load_model, load_pair
-from specview.sampling import SamplingConfig
+from specview.settings import SamplingConfig
 
 CPU = torch.device("cpu")
 PROMPT = [1, 4, 7, 9]

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 HEADLESS = ["specview.engine", "specview.sampling", "specview.models", "specview.events", "specview.session",
-            "specview.runner", "specview.cli", "specview.profiling.recorder", "specview.profiling.report"]
+            "specview.runner", "specview.cli", "specview.profiling.recorder", "specview.report", "specview.bench.command"]
 
 
 def test_headless_modules_do_not_import_textual():

@@ -15,7 +15,8 @@ import torch
 
 import specview.engine as engine
 from specview.engine import Decoder
-from specview.sampling import SamplingConfig, probs_from_logits
+from specview.sampling import probs_from_logits
+from specview.settings import SamplingConfig
 
 PROMPT = [1, 5]
 N_TOKENS = 3

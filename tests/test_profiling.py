@@ -12,18 +12,18 @@ import torch
 import tiny
 from helpers import run_cli
 from specview.cli import main
+from specview.files import write_json_atomic
 from specview.profiling.export import (
     StepRecord,
     chrome_trace,
     speedscope,
     synthetic_timing,
-    write_json_atomic,
 )
 from specview.profiling.hooks import NormHooks, norm_modules
-from specview.profiling.profile import PHASE_KEYS
 from specview.profiling.recorder import ProfileRecorder, clean_name
-from specview.profiling.timer import PhaseTimer
-from specview.session import Settings, open_session
+from specview.session import open_session
+from specview.settings import Settings
+from specview.timing import PHASE_KEYS, PhaseTimer
 
 DESIGN_SUMMARY = {"wall_ms", "phases_ms", "layernorm_ms", "steps", "drafted", "accepted", "acceptance_rate", "alpha",
                   "per_position_acceptance", "tokens_per_s", "memory_peak_mb"}
@@ -319,7 +319,7 @@ def test_py_spy_runs_or_says_why(capsys, gpt2_paths, tmp_path):
 
 
 def test_profiler_never_imports_textual():
-    code = ("import sys; import specview.profiling.recorder, specview.profiling.report, specview.profiling.ops, "
+    code = ("import sys; import specview.profiling.recorder, specview.report, specview.profiling.ops, "
             "specview.profiling.pyspy, specview.engine, specview.runner; "
             "sys.exit(1 if any(m == 'textual' or m.startswith('textual.') for m in sys.modules) else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

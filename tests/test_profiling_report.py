@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from specview.cli import main
-from specview.profiling.report import largest_overheads
+from specview.profiling.render import largest_overheads
 
 BENCH = {
     "schema": "specview.bench/1",

@@ -8,7 +8,7 @@ import pytest
 from textual.worker import WorkerCancelled
 
 import tiny
-from specview.session import Settings
+from specview.settings import Settings
 from specview.tui.app import SpecviewApp
 from specview.tui.backend import EngineBackend
 from specview.tui.replay import ReplayBackend

@@ -18,14 +18,18 @@ def headless_tui(monkeypatch, tui_pair, tmp_path):  # noqa: F811 - the fixture i
     from specview.cli import build_tui_parser
 
     def run(then):
-        original = SpecviewApp.on_loaded
+        original_loaded, original_step_done = SpecviewApp.on_loaded, SpecviewApp.on_step_done
 
         def on_loaded(self, message):
-            original(self, message)
+            original_loaded(self, message)
             self.call_later(self.action_step)
-            self.set_timer(0.5, lambda: then(self))
+
+        def on_step_done(self, message):  # driven by the message, not a timer: no race with the worker
+            original_step_done(self, message)
+            self.call_later(then, self)
 
         monkeypatch.setattr(SpecviewApp, "on_loaded", on_loaded)
+        monkeypatch.setattr(SpecviewApp, "on_step_done", on_step_done)
         monkeypatch.setattr(SpecviewApp, "run", lambda self, **kw: App.run(self, headless=True, **kw))
         args = build_tui_parser().parse_args(["--target", tui_pair[0], "--draft", tui_pair[1], "--prompt", "w1",
                                               "-N", "30", "--profile-dir", str(tmp_path / "p")])

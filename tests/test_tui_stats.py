@@ -28,7 +28,7 @@ def test_metrics_follow_the_design_conventions():
     assert st.tokens_per_step == [5, 2, 1] and st.mean_emitted == pytest.approx(8 / 3)
     assert st.c == pytest.approx((60 / 12) / 10)  # draft time per drafted token / t_ar
     assert st.v == pytest.approx(13 / 10)  # mean verify time / t_ar
-    assert st.theoretical_speedup() == pytest.approx((8 / 3) / (4 * 0.5 + 1.3))  # E / (K c + v)
+    assert st.theoretical_speedup == pytest.approx((8 / 3) / (4 * 0.5 + 1.3))  # E / (K c + v)
     assert st.measured_speedup == pytest.approx(8 * 10 / 120)  # tokens x t_ar / step time
     assert st.tokens_per_s == pytest.approx(8 / 0.150)  # wall = prefill + steps
     e, speed = st.predicted(4)
@@ -41,7 +41,7 @@ def test_metrics_follow_the_design_conventions():
 def test_no_steps_means_no_numbers():
     st = LiveStats(t_ar_ms=None)
     assert st.acceptance_rate is None and st.alpha is None and st.c is None and st.v is None
-    assert st.theoretical_speedup() is None and st.measured_speedup is None and st.predicted(4) is None
+    assert st.theoretical_speedup is None and st.measured_speedup is None and st.predicted(4) is None
 
 
 def test_token_texts_are_decoded_in_context():

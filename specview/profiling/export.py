@@ -8,19 +8,14 @@ of its parent on a track).
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import dataclass
 
-from specview.profiling.timer import StepTiming
+from specview.timing import MEASURED_PHASES, StepTiming
 
 # Chrome trace tracks (tid): one per phase group, ordered top to bottom.
 TRACKS = {1: "step", 2: "draft model", 3: "target model", 4: "sampling"}
 PHASE_TRACK = {"draft": 2, "verify": 3, "sample": 4, "softmax": 4, "cache": 1}
 NESTED_TRACK = {"draft": 2, "verify": 3, "sample": 4, "cache": 1}  # nested span -> track of its enclosing phase
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
 MAX_NESTED_EVENTS = 200_000  # norm-call events per trace file (about 700 steps of the bundled pair)
 RANK = {"step": 0, "draft": 1, "verify": 1, "sample": 1, "cache": 1}  # at equal times, parents open first
 
@@ -36,7 +31,7 @@ def synthetic_timing(step: dict, t0: float) -> StepTiming:
     """Phases laid end to end from phases_ms, for a step whose host spans are unknown."""
     spans, t = [], t0
     phases = step.get("phases_ms") or {}
-    for name in ("draft", "verify", "sample", "cache"):
+    for name in MEASURED_PHASES:
         ms = phases.get(name) or 0.0
         if ms > 0:
             spans.append((name, t, t + ms / 1000))
@@ -156,22 +151,3 @@ def speedscope(records: list[StepRecord], origin: float, name: str) -> dict:
         "activeProfileIndex": 0,
         "exporter": "specview",
     }
-
-
-def write_json_atomic(path: str, obj, indent: int | None = None) -> None:
-    """Write to a temp file in the same folder, then rename over `path`: readers never see half a file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, allow_nan=False, indent=indent)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a profile is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

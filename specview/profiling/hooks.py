@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from specview.profiling.timer import PhaseTimer
+from specview.timing import PhaseTimer
 
 NORM_TYPES = (torch.nn.LayerNorm, torch.nn.RMSNorm, torch.nn.GroupNorm)
 NORM_SUFFIXES = ("LayerNorm", "RMSNorm", "RmsNorm", "Norm")  # LlamaRMSNorm, T5LayerNorm, GemmaRMSNorm, ...

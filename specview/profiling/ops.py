@@ -12,7 +12,8 @@ from contextlib import contextmanager
 
 import torch
 
-from specview.profiling.timer import TOP_LEVEL
+from specview.files import atomic_path
+from specview.timing import FORWARD_PHASES, MEASURED_PHASES
 
 TOP_OPS = 15
 
@@ -37,16 +38,8 @@ class OpsCapture:
         with _quiet_kineto():
             self.prof.stop()
         self.running = False
-        folder = os.path.dirname(os.path.abspath(self.trace_path))
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-        os.close(fd)
-        try:
+        with atomic_path(self.trace_path, ".json") as tmp:
             self.prof.export_chrome_trace(tmp)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.trace_path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
         summary = top_operators(self.prof.events(), self.cuda)
         summary["trace"] = os.path.basename(self.trace_path)
         return summary
@@ -76,7 +69,7 @@ def _quiet_kineto():
 
 def top_operators(events, cuda: bool = False, limit: int = TOP_OPS) -> dict:
     """Self time per operator, split by the outermost phase label around it (draft, verify, ...)."""
-    phase_ms = {name: 0.0 for name in TOP_LEVEL}
+    phase_ms = {name: 0.0 for name in MEASURED_PHASES}
     per_op: dict[str, dict] = {}
     outer_cache: dict[int, str | None] = {}
 
@@ -107,7 +100,7 @@ def top_operators(events, cuda: bool = False, limit: int = TOP_OPS) -> dict:
             continue
         total += self_ms
         op = per_op.setdefault(ev.name, {"name": ev.name, "calls": 0, "self_ms": 0.0,
-                                         **{f"{p}_ms": 0.0 for p in TOP_LEVEL}})
+                                         **{f"{p}_ms": 0.0 for p in MEASURED_PHASES}})
         op["calls"] += 1
         op["self_ms"] += self_ms
         phase = outer_phase(ev)
@@ -116,6 +109,6 @@ def top_operators(events, cuda: bool = False, limit: int = TOP_OPS) -> dict:
     top = sorted(per_op.values(), key=lambda o: -o["self_ms"])[:limit]
     for op in top:
         op["share"] = op["self_ms"] / total if total else None
-        for p in ("draft", "verify"):
+        for p in FORWARD_PHASES:
             op[f"{p}_share"] = op[f"{p}_ms"] / phase_ms[p] if phase_ms[p] else None
     return {"clock": "device" if cuda else "cpu", "total_self_ms": total, "phase_ms": phase_ms, "top": top}

@@ -3,13 +3,10 @@ step records, and what each phase contains."""
 
 from __future__ import annotations
 
-from specview.events import MEASURED_PHASES, NESTED_PHASES, PHASES, Counts
+from specview.metrics import Counts
+from specview.timing import FORWARD_PHASES, PHASE_KEYS
 
 PROFILE_SCHEMA = "specview.profile/1"
-BENCH_SCHEMA = "specview.bench/1"
-PHASE_KEYS = PHASES + NESTED_PHASES
-MEASURED = MEASURED_PHASES
-METHOD_ORDER = ("autoregressive", "speculative", "draft_autoregressive", "hf_generate", "hf_assisted")  # bench
 
 # What each phase contains: the report prints this, so a number always comes with its meaning.
 PHASE_HELP = {
@@ -32,7 +29,7 @@ PHASE_HELP = {
 def summarize(steps: list[dict], prefill_ms: float = 0.0) -> dict:
     """The profile's "summary" from its step records (JSON dicts as in the JSONL)."""
     counts = Counts(prefill_ms=prefill_ms)
-    layernorm = {"draft": 0.0, "verify": 0.0}
+    layernorm = {name: 0.0 for name in FORWARD_PHASES}
     rss_peak = device_peak = None
     for s in steps:
         counts.add_json(s)

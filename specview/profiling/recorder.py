@@ -28,16 +28,16 @@ import time
 
 from specview.errors import SpecviewError
 from specview.events import StepResult
+from specview.files import ensure_writable_dir, write_json_atomic
 from specview.profiling.export import (
     StepRecord,
     chrome_trace,
     speedscope,
     synthetic_timing,
-    write_json_atomic,
 )
 from specview.profiling.hooks import NormHooks
 from specview.profiling.profile import PROFILE_SCHEMA, summarize
-from specview.profiling.timer import PhaseTimer
+from specview.timing import FORWARD_PHASES, PhaseTimer
 
 AUTOSAVE_S = 20.0  # seconds between autosaves of the profile JSON during a long run (at most 2% of the time)
 _TAKEN: set[str] = set()  # stems handed out in this process (two recorders in one millisecond)
@@ -57,10 +57,7 @@ class ProfileRecorder:
         self.origin = time.perf_counter()  # time zero of the trace files
         self.norm_counts: dict[str, int] = {}
         self.meta = self._meta()
-        try:
-            os.makedirs(profile_dir, exist_ok=True)
-        except OSError as err:
-            raise SpecviewError(f"cannot create the profile folder {profile_dir}: {err.strerror}") from err
+        ensure_writable_dir(profile_dir, "--profile-dir")
         self.stem = os.path.join(profile_dir, self._unique_stem())
         self.path = self.stem + ".json"
         self.trace_path = self.stem + ".trace.json"
@@ -114,7 +111,7 @@ class ProfileRecorder:
         timing = self.timer.timing_for(step.wall_ms)
         if timing is not None and self.hooks.handles:
             split = timing.parts.get("layernorm", {})
-            step.layernorm_ms = {"draft": split.get("draft", 0.0), "verify": split.get("verify", 0.0)}
+            step.layernorm_ms = {name: split.get(name, 0.0) for name in FORWARD_PHASES}
         record = step.to_json()
         if timing is None:  # the timer no longer has it (or another timer ran it): lay its phases end to end
             t0 = self.records[-1].timing.t1 if self.records else self.origin
@@ -166,7 +163,7 @@ class ProfileRecorder:
             else:
                 self.meta["files"]["ops_trace"] = os.path.basename(self.ops.trace_path)
                 self.notes.append(f"op-level trace written: {self.ops.trace_path}")
-                from specview.profiling.report import ops_table
+                from specview.profiling.render import ops_table
 
                 self.notes.append(ops_table(self.ops_summary))
         if self.py_spy is not None:

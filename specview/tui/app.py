@@ -12,9 +12,11 @@ from textual.widgets import Footer
 from textual.worker import get_current_worker
 
 from specview.errors import SpecviewError
+from specview.stopping import Stop
 from specview.tui import messages as msg
-from specview.tui.backend import Backend, EngineBackend, SessionInfo, StepQueue
+from specview.tui.backend import Backend, EngineBackend, StepQueue
 from specview.tui.stats import LiveStats
+from specview.tui.views import SessionInfo
 from specview.tui.widgets.help_screen import HelpScreen
 from specview.tui.widgets.loading import LoadingPanel
 from specview.tui.widgets.main_view import MainView
@@ -49,6 +51,7 @@ class SpecviewApp(App[None]):
         super().__init__()
         self.error_console.soft_wrap = True  # the exit message stays one line, however long
         self.backend = backend
+        self.stop = Stop()  # set by a signal (command.py): the step worker stops at its next boundary
         self.info: SessionInfo | None = None  # set once the models are loaded
         self.views: list = []  # StepView of each step of the run on screen
         self.stats = LiveStats()
@@ -96,7 +99,7 @@ class SpecviewApp(App[None]):
     @work(thread=True, exclusive=True, exit_on_error=False, group="engine")
     def step_worker(self) -> None:
         worker, run_done = get_current_worker(), False
-        while not worker.is_cancelled and (self.running or self.queue.take()):
+        while not worker.is_cancelled and not self.stop and (self.running or self.queue.take()):
             if self.backend.done:
                 run_done = True
                 break
@@ -281,7 +284,7 @@ class SpecviewApp(App[None]):
 
 def tui_command(args) -> int:
     """`specview [OPTIONS]`: the TUI on the models the options name (cli.py checks for a terminal)."""
-    from specview.session import Settings
+    from specview.settings import Settings
     from specview.tui.command import run_tui
 
     return run_tui(SpecviewApp(EngineBackend(Settings.from_args(args))))

@@ -10,39 +10,12 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from specview.events import RunSummary, StepResult
+from specview.tui.views import RunInfo, SessionInfo, StepView
 
 K_MAX = 32  # + stops here: wider blocks only waste draft forwards
 T_AR_FORWARDS = 7  # one-token target forwards timed after loading (after one warm-up)
-
-
-@dataclass
-class SessionInfo:
-    target: str
-    draft: str
-    device: str
-    temperature: float
-    max_new_tokens: int
-    prompt_text: str
-    t_ar_ms: float | None  # target time per token, one-token forwards, prefill excluded
-    load_s: float
-
-
-@dataclass
-class RunInfo:
-    index: int  # run number in this session, from 0
-
-
-@dataclass
-class StepView:
-    """A StepResult and the text of every token id it mentions (drafts, resample, residual, bonus),
-    decoded in context on the worker thread so the UI never touches the tokenizer."""
-
-    step: StepResult
-    texts: dict[int, str] = field(default_factory=dict)
-    prefill_ms: float = 0.0  # the run's prompt prefill (the first step runs it)
 
 
 class StepQueue:

@@ -8,11 +8,13 @@ import os
 import signal
 import sys
 
+from specview.stopping import SIGNALS
+
 
 def run_tui(app) -> int:
     loop = asyncio.new_event_loop()  # our own loop: app.run() then does not wait for a model still loading
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # kill / a closed terminal: leave, and save below
-        loop.add_signal_handler(sig, app.exit)
+    for sig in SIGNALS:  # kill, a closed terminal, kill -INT (ctrl+c itself is a key): leave, and save below
+        loop.add_signal_handler(sig, _stop_and_exit, app, sig)
     try:
         app.run(loop=loop)
     finally:
@@ -31,3 +33,10 @@ def run_tui(app) -> int:
         os._exit(code)
     loop.close()
     return code
+
+
+def _stop_and_exit(app, sig: signal.Signals) -> None:
+    """The same mechanism as the headless commands: the flag stops the step worker at its next step
+    boundary; the app leaves, and run_tui saves the profile once that step is done."""
+    app.stop.request(sig.name)
+    app.exit()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from specview.tui.backend import RunInfo, SessionInfo, StepView
+from specview.tui.views import RunInfo, SessionInfo, StepView
 
 
 @dataclass

@@ -6,12 +6,6 @@ from rich.text import Text
 
 from specview.events import fmt  # noqa: F401 - the widgets format through here
 
-ORIGIN_STYLES = {  # as in `specview run`
-    "prompt": "dim",
-    "accepted": "green",
-    "resampled": "bold red",
-    "bonus": "bold blue",
-}
 HIGHLIGHT = "on grey23"  # the block of the step on view
 SPARKS = "▁▂▃▄▅▆▇█"
 

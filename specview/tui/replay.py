@@ -10,7 +10,8 @@ import time
 from dataclasses import asdict, fields
 
 from specview.events import StepResult
-from specview.tui.backend import Backend, RunInfo, SessionInfo, StepView
+from specview.tui.backend import Backend
+from specview.tui.views import RunInfo, SessionInfo, StepView
 
 SCHEMA = "specview.tui-replay/1"
 _STEP_FIELDS = {f.name for f in fields(StepResult)}

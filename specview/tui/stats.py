@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specview.events import Counts, StepResult, expected_tokens_per_step, ratio
+from specview.events import StepResult
+from specview.metrics import CostModel, Counts, cost_model, estimated_speedup, ratio
 
 RECENT = 20  # steps in the "last 20" acceptance rate
-PHASE_ROWS = ("draft", "verify", "sample", "softmax", "layernorm", "cache", "other")
 
 
 @dataclass
@@ -69,38 +69,30 @@ class LiveStats:
         return self.counts.tokens_per_s
 
     @property
+    def costs(self) -> CostModel:
+        """c, v and the speedups they imply, against the t_ar timed after loading (metrics.cost_model)."""
+        return cost_model(self.counts, self.t_ar_ms)
+
+    @property
     def c(self) -> float | None:
-        """Draft forward time per drafted token / t_ar."""
-        per_token = ratio(self.counts.phases_ms.get("draft", 0.0), self.counts.drafted)
-        return ratio(per_token, self.t_ar_ms) if per_token is not None else None
+        return self.costs.c
 
     @property
     def v(self) -> float | None:
-        """Mean verify forward time / t_ar."""
-        mean = ratio(self.counts.phases_ms.get("verify", 0.0), self.counts.steps)
-        return ratio(mean, self.t_ar_ms) if mean is not None else None
+        return self.costs.v
 
-    def theoretical_speedup(self, e: float | None = None, k: float | None = None) -> float | None:
-        """E / (K c + v): what an engine with zero overhead would reach with these models."""
-        e = self.mean_emitted if e is None else e
-        k = self.mean_k if k is None else k
-        if e is None or k is None or self.c is None or self.v is None:
-            return None
-        return ratio(e, k * self.c + self.v)
+    @property
+    def theoretical_speedup(self) -> float | None:
+        return self.costs.theoretical_speedup
 
-    def predicted(self, k: int) -> tuple[float, float | None] | None:
+    def predicted(self, k: int) -> tuple[float | None, float | None] | None:
         """(E(K), theoretical speedup) for K drafts per step at the alpha measured so far."""
-        if self.alpha is None:
-            return None
-        e = expected_tokens_per_step(self.alpha, k)
-        return e, self.theoretical_speedup(e, k)
+        return None if self.alpha is None else self.costs.predicted(self.alpha, k)
 
     @property
     def measured_speedup(self) -> float | None:
         """Autoregressive time for these tokens (emitted x t_ar) / the time the steps took."""
-        if self.t_ar_ms is None or not self.steps:
-            return None
-        return ratio(self.counts.emitted * self.t_ar_ms, self.counts.steps_ms)
+        return estimated_speedup(self.counts, self.t_ar_ms)
 
     def phase_mean(self, name: str) -> float | None:
         """Mean ms per step of a phase; `layernorm_draft` / `layernorm_verify` for the hooks' split."""

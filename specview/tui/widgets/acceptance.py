@@ -54,7 +54,7 @@ class AcceptancePanel(Widget):
         out.append("speedup ", style="dim")
         out.append(f"{fmt(st.measured_speedup, '{:.2f}x')}", style="bold")
         out.append(" est.  theory ", style="dim")
-        out.append(f"{fmt(st.theoretical_speedup(), '{:.2f}x')}\n", style="bold")
+        out.append(f"{fmt(st.theoretical_speedup, '{:.2f}x')}\n", style="bold")
         out.append(f"c {fmt(st.c)}  v {fmt(st.v)}  t_ar {fmt(st.t_ar_ms, '{:.1f} ms')}\n", style="dim")
         predicted = st.predicted(self.k) if self.k else None
         if predicted:

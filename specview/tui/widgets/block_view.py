@@ -8,8 +8,9 @@ from rich.text import Text
 from textual.containers import Horizontal
 from textual.widgets import Static
 
-from specview.tui.backend import StepView
-from specview.tui.render import ORIGIN_STYLES, fmt, visible
+from specview.palette import ACCEPT_STYLE, ORIGIN_STYLES, REJECT_STYLE
+from specview.tui.render import fmt, visible
+from specview.tui.views import StepView
 
 CELL = 9  # token text cells per position
 VERDICT = 32  # cells kept for the verdict beside the table (resampled token, residual top), padding included
@@ -86,9 +87,9 @@ class BlockView(Horizontal):
             tok = s.drafted[i]
             px, qx = s.p[i], s.q[i]
             if i < s.accepted:
-                verdict, style = "✓ accept", "green"
+                verdict, style = "✓ accept", ACCEPT_STYLE
             elif i == s.rejected_at:
-                verdict, style = "✗ reject", "bold red"
+                verdict, style = "✗ reject", REJECT_STYLE
             elif s.stop_reason == "eos" and s.rejected_at is None:
                 verdict, style = "cut: eos", "dim"
             else:
@@ -119,7 +120,7 @@ class BlockView(Horizontal):
             out.append(f"  id {tok}\n", style="dim")
 
         if s.rejected_at is not None:
-            out.append(f"✗ rejected at position {s.rejected_at + 1}\n", style="bold red")
+            out.append(f"✗ rejected at position {s.rejected_at + 1}\n", style=REJECT_STYLE)
             out.append("resampled ", style="dim")
             token(s.resampled, ORIGIN_STYLES["resampled"])
             what = "target argmax" if greedy else "max(0, p − q), top"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from textual.containers import Horizontal, Vertical
 
-from specview.tui.backend import SessionInfo, StepView
 from specview.tui.stats import LiveStats
+from specview.tui.views import SessionInfo, StepView
 from specview.tui.widgets.acceptance import AcceptancePanel
 from specview.tui.widgets.block_view import BlockView
 from specview.tui.widgets.error_panel import ErrorPanel
@@ -31,7 +31,7 @@ class MainView(Vertical):
         view = views[index] if views else None
         self.query_one(TokenText).show(info.prompt_text, views, index if views else None, viewing is None,
                                        f"target {info.target} · draft {info.draft}")
-        self.query_one(BlockView).show(view, index + 1, len(views), info.temperature == 0, compact)
+        self.query_one(BlockView).show(view, index + 1, len(views), info.greedy, compact)
         self.query_one(AcceptancePanel).show(stats, k)
         self.query_one(TimingPanel).show(stats, view.step if view else None)
         self.query_one(MemoryPanel).show(stats, info.device)

@@ -7,8 +7,9 @@ from rich.text import Text
 from textual.widget import Widget
 
 from specview.events import StepResult
+from specview.timing import FORWARD_PHASES, PHASE_ROWS
 from specview.tui.render import bar, fmt
-from specview.tui.stats import PHASE_ROWS, LiveStats
+from specview.tui.stats import LiveStats
 
 NESTED = {"softmax": "in sample", "layernorm": "in forwards"}
 COMPACT_ENTRY = 17  # "softmax 9999/9999"
@@ -58,7 +59,7 @@ class TimingPanel(Widget):
             table.add_row(Text(("  " if nested else "") + name, style=style), fmt(s.phases_ms.get(name), "{:.1f}"),
                           fmt(mean, "{:.1f}"), bar(share, bar_width, "yellow" if nested else "cyan"))
             if name == "layernorm" and split:
-                for model in ("draft", "verify"):
+                for model in FORWARD_PHASES:
                     table.add_row(Text(f"    in {model}", style="dim"), fmt(s.layernorm_ms.get(model), "{:.1f}"),
                                   fmt(st.phase_mean(f"layernorm_{model}"), "{:.1f}"), "", style="dim")
         table.add_row(Text("wall", style="bold"), Text(f"{s.wall_ms:.1f}", style="bold"),

@@ -6,8 +6,9 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from specview.tui.backend import StepView
-from specview.tui.render import HIGHLIGHT, ORIGIN_STYLES
+from specview.palette import ORIGIN_STYLES, legend_markup
+from specview.tui.render import HIGHLIGHT
+from specview.tui.views import StepView
 
 
 class TokenText(VerticalScroll, can_focus=False):
@@ -21,7 +22,7 @@ class TokenText(VerticalScroll, can_focus=False):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.border_title = "text"
-        self.border_subtitle = "prompt · [green]accepted[/] · [bold red]resampled[/] · [bold blue]bonus[/]"
+        self.border_subtitle = "prompt · " + legend_markup()
         self.body = Static()
 
     def compose(self):

@@ -1,4 +1,5 @@
-"""The rich tables `specview bench` prints, drawn from the bench document (the same dict --json writes)."""
+"""The rich tables of a bench document (the dict `--json` writes): what `specview bench` prints and what
+`specview report BENCH.json` shows again, one rendering for both; and two bench files compared."""
 
 from __future__ import annotations
 
@@ -6,19 +7,28 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from specview.events import PHASES, fmt
+from specview.bench.schema import METHOD_ORDER
+from specview.events import fmt
+from specview.metrics import ratio
+from specview.profiling.render import config_diff
+from specview.timing import PHASES
+
+
+def render_bench(path: str, doc: dict) -> Group:
+    """`specview report BENCH.json`."""
+    return Group(Text(f"bench {path}", style="bold underline"), render(doc))
 
 
 def render(doc: dict) -> Group:
-    c = doc["config"]
-    head = (f"target {c['target']} · draft {c['draft']} · N {c['max_new_tokens']} · K {c['k']} · "
-            f"temperature {c['temperature']} · top-k {c['top_k']} · top-p {c['top_p']} · "
-            f"{c['num_runs']} rounds · prompt {c['prompt_tokens']} tokens · ignore EOS {c['ignore_eos']}")
+    c = doc.get("config") or {}
+    head = (f"target {c.get('target')} · draft {c.get('draft')} · N {c.get('max_new_tokens')} · K {c.get('k')} · "
+            f"temperature {c.get('temperature')} · top-k {c.get('top_k')} · top-p {c.get('top_p')} · "
+            f"{c.get('num_runs')} rounds · prompt {c.get('prompt_tokens')} tokens · ignore EOS {c.get('ignore_eos')}")
     meta = doc.get("meta") or {}
     load = (meta.get("load_avg") or {}).get("start")
     machine = (f"{meta.get('cpu')} · {meta.get('device')} · {meta.get('threads')} threads"
                + (f" · load average {load[0]:.2f} at start" if load else ""))
-    parts = [Text(head, style="bold"), Text(machine, style="dim"), methods_table(doc)]
+    parts = [Text(head, style="bold"), Text(machine, style="dim") if meta else Text(""), methods_table(doc)]
     ratios = doc.get("peer_ratios")
     if ratios:
         parts.append(Text(f"tokens/s over the peer doing the same work: speculative / hf_assisted "
@@ -38,11 +48,14 @@ def methods_table(doc: dict) -> Table:
     table = Table(title="methods (mean over rounds)", title_justify="left")
     for col in ("method", "mean s", "std s", "tokens/s", "speedup vs autoregressive", "same tokens as autoregressive"):
         table.add_column(col, justify="left" if col == "method" else "right")
-    for name, m in doc["methods"].items():
-        k = f" (K={doc['k']})" if name in ("speculative", "hf_assisted") else ""
-        table.add_row(name + k, fmt(m["mean_s"], "{:.3f}"), fmt(m["std_s"], "{:.3f}"),
-                      fmt(m["tokens_per_s"], "{:.1f}"), fmt(m.get("speedup"), "{:.2f}x"),
-                      _same(same, name))
+    methods = doc.get("methods") or {}
+    base = (methods.get("autoregressive") or {}).get("mean_s")
+    for name in ordered(methods):
+        m = methods[name] if isinstance(methods[name], dict) else {}
+        k = f" (K={doc.get('k')})" if name in ("speculative", "hf_assisted") else ""
+        speedup = m.get("speedup", ratio(base, m.get("mean_s")))
+        table.add_row(name + k, fmt(m.get("mean_s"), "{:.3f}"), fmt(m.get("std_s"), "{:.3f}"),
+                      fmt(m.get("tokens_per_s"), "{:.1f}"), fmt(speedup, "{:.2f}x"), _same(same, name))
     return table
 
 
@@ -52,13 +65,13 @@ def _same(same: dict | None, name: str) -> str:
     if same is None:
         return "n/a (sampling)"
     result = same.get(name)
-    if result is None:
+    if not isinstance(result, dict):
         return ""
     return "yes" if result["same"] else f"no (from token {result['first_difference']})"
 
 
 def metrics_table(doc: dict) -> Table:
-    table = Table(title=f"speculative decoding at K={doc['k']}", title_justify="left", show_header=False)
+    table = Table(title=f"speculative decoding at K={doc.get('k')}", title_justify="left", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
     table.add_column(style="dim")
@@ -98,6 +111,8 @@ def sweep_table(doc: dict) -> Table:
     for col in cols:
         table.add_column(col, justify="right")
     for e in doc["sweep"]:
+        if not isinstance(e, dict):
+            continue
         pred = e.get("predicted") or {}
         hf = (e.get("methods") or {}).get("hf_assisted") or {}
         spec = (e.get("methods") or {}).get("speculative") or {}
@@ -108,3 +123,38 @@ def sweep_table(doc: dict) -> Table:
                       fmt(pred.get("speedup"), "{:.2f}x"), fmt(e.get("theoretical_speedup"), "{:.2f}x"),
                       fmt(e.get("efficiency"), "{:.0%}"), fmt(hf.get("speedup"), "{:.2f}x"))
     return table
+
+
+def ordered(methods: dict) -> list[str]:
+    return [m for m in METHOD_ORDER if m in methods] + [m for m in methods if m not in METHOD_ORDER]
+
+
+COMPARED = (("acceptance rate", "acceptance_rate", "{:.1%}"), ("alpha", "alpha", "{:.3f}"),
+            ("mean tokens per step", "mean_emitted_per_step", "{:.2f}"),
+            ("E(K) from alpha", "expected_tokens_per_step", "{:.2f}"),
+            ("cost ratio c", "cost_ratio", "{:.3f}"), ("verify cost ratio v", "verify_cost_ratio", "{:.3f}"),
+            ("ideal speedup E/(Kc+1)", "ideal_speedup", "{:.2f}x"),
+            ("theoretical speedup E/(Kc+v)", "theoretical_speedup", "{:.2f}x"),
+            ("measured speedup", "speedup", "{:.2f}x"), ("efficiency", "efficiency", "{:.1%}"),
+            ("time outside the forwards", "overhead_share", "{:.1%}"))
+
+
+def compare_bench(a: tuple[str, dict], b: tuple[str, dict]) -> Group:
+    (pa, da), (pb, db) = a, b
+    ma, mb = da.get("methods") or {}, db.get("methods") or {}
+    table = Table(title="tokens/s per method", title_justify="left")
+    for col in ("method", "A", "B", "B / A"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for name in ordered({**ma, **mb}):
+        va = (ma.get(name) or {}).get("tokens_per_s")
+        vb = (mb.get(name) or {}).get("tokens_per_s")
+        table.add_row(name, fmt(va, "{:.1f}"), fmt(vb, "{:.1f}"), fmt(ratio(vb, va), "{:.2f}x"))
+    metrics = Table(title="metrics", title_justify="left")
+    for col in ("", "A", "B"):
+        metrics.add_column(col, justify="left" if not col else "right")
+    for label, key, spec in COMPARED:
+        metrics.add_row(label, fmt(da.get(key), spec), fmt(db.get(key), spec))
+    diffs = config_diff({"config": da.get("config") or {}}, {"config": db.get("config") or {}})
+    return Group(Text(f"A: {pa}\nB: {pb}", style="bold underline"),
+                 Text("config: " + ("; ".join(diffs) if diffs else "same settings"), style="dim"),
+                 Text(""), table, Text(""), metrics)

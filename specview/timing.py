@@ -1,4 +1,4 @@
-"""Per-step phase timing for the engine.
+"""Per-step phase timing for the engine, and the names of the phases (below the engine: no profiling here).
 
 A step is cut into non-overlapping top-level phases (draft, verify, sample, cache); `other` is what
 is left of the step's wall time, so unexplained time stays visible. Nested phases (softmax inside
@@ -21,9 +21,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specview.events import MEASURED_PHASES
-
-TOP_LEVEL = MEASURED_PHASES
+# The phase names, ONE home (DESIGN.md "Profiles"). The measured phases never overlap within a step;
+# `other` is the rest of the step's wall time; the nested ones sit inside draft/verify and sample.
+MEASURED_PHASES = ("draft", "verify", "sample", "cache")
+PHASES = MEASURED_PHASES + ("other",)
+NESTED_PHASES = ("softmax", "layernorm")
+FORWARD_PHASES = ("draft", "verify")  # the two models' forwards; layernorm_ms splits over these
+PHASE_ROWS = ("draft", "verify", "sample", "softmax", "layernorm", "cache", "other")  # display order, nested under their parent
+PHASE_KEYS = PHASES + NESTED_PHASES  # every key of a step's phases_ms
 HISTORY = 256  # step timings kept for a client that reads them a little after the step (the TUI)
 
 
@@ -136,7 +141,7 @@ class PhaseTimer:
                 self.ms[name] = ms
         t1 = time.perf_counter()
         wall_ms = (t1 - self._step_t0) * 1000
-        phases = {name: self.ms.get(name, 0.0) for name in TOP_LEVEL}
+        phases = {name: self.ms.get(name, 0.0) for name in MEASURED_PHASES}
         measured = sum(phases.values())
         if measured > wall_ms:  # device time resolved after the host clock stopped: scale into the wall
             phases = {k: v * wall_ms / measured for k, v in phases.items()}

@@ -1,154 +1,15 @@
-"""`specview report FILE [OTHER]`: render a profile (schema specview.profile/1) or a bench file
-(specview.bench/1) with rich; with two files, compare them side by side.
-
-A file that is not one of these (missing, empty, truncated, foreign JSON, another schema version)
-raises SpecviewError with one line saying what it is instead; the CLI prints it and exits 2.
-"""
+"""Rendering a profile (schema specview.profile/1) with rich, and comparing two: what `specview report`
+shows for a profile file (report.py loads and dispatches)."""
 
 from __future__ import annotations
 
-import argparse
-import glob
-import json
-import os
-
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from specview.errors import SpecviewError
 from specview.events import fmt
-from specview.profiling.profile import BENCH_SCHEMA, MEASURED, METHOD_ORDER, PHASE_HELP, PROFILE_SCHEMA
-
-KNOWN = {"specview.profile": PROFILE_SCHEMA, "specview.bench": BENCH_SCHEMA}
-
-
-def build_report_parser(parser_class) -> argparse.ArgumentParser:
-    p = parser_class(
-        prog="specview report",
-        description="Render a profile (from `run --profile`, the TUI or bench) or a bench file; "
-                    "with two files, compare them side by side.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="FILE may be a folder: its newest profile is shown. The .trace.json beside a profile opens "
-               "in https://ui.perfetto.dev, the .speedscope.json in https://www.speedscope.app.",
-    )
-    p.add_argument("file", metavar="FILE", help="a profile .json or a bench .json (or a folder of profiles)")
-    p.add_argument("other", metavar="OTHER", nargs="?", help="a second file to compare with the first")
-    return p
-
-
-def report_command(args) -> int:
-    first = load(args.file)
-    second = load(args.other) if args.other else None
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = max(console.width, 120)
-    if second is None:
-        console.print(render(*first))
-    elif first[1]["schema"] == second[1]["schema"] == PROFILE_SCHEMA:
-        console.print(compare_profiles(first, second))
-    elif first[1]["schema"] == second[1]["schema"] == BENCH_SCHEMA:
-        console.print(compare_bench(first, second))
-    else:
-        console.print(Text("a profile and a bench file: shown one after the other", style="dim"))
-        console.print(render(*first))
-        console.print(render(*second))
-    return 0
-
-
-# --- loading ---------------------------------------------------------------------------------------
-
-
-def load(path: str) -> tuple[str, dict]:
-    """-> (path, document) of a profile or bench file, or SpecviewError saying what is wrong in one line."""
-    if os.path.isdir(path):
-        path = newest_profile(path)
-    if not os.path.exists(path):
-        raise SpecviewError(f"no such file: {path}")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as err:
-        raise SpecviewError(f"cannot read {path}: {err.strerror}") from err
-    if not raw.strip():
-        raise SpecviewError(f"{path} is empty, not a specview profile or bench file")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise SpecviewError(f"{path} is not a text (UTF-8 JSON) file: not a specview profile or bench file") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise SpecviewError(_bad_json(path, text, err)) from None
-    if not isinstance(doc, dict):
-        raise SpecviewError(f"{path} holds a JSON {type(doc).__name__}, not a specview profile or bench file")
-    if "traceEvents" in doc:
-        raise SpecviewError(f"{path} is a Chrome trace: open it in https://ui.perfetto.dev; "
-                            f"`specview report` reads the profile beside it ({_profile_beside(path)})")
-    if "speedscope" in str(doc.get("$schema", "")):
-        raise SpecviewError(f"{path} is a speedscope file: open it in https://www.speedscope.app; "
-                            f"`specview report` reads the profile beside it ({_profile_beside(path)})")
-    schema = doc.get("schema")
-    if not isinstance(schema, str):
-        raise SpecviewError(f"{path} is JSON but not a specview profile or bench file (no \"schema\" field)")
-    family, _, version = schema.partition("/")
-    if family not in KNOWN:
-        raise SpecviewError(f"{path} has schema {schema!r}: not a specview profile or bench file")
-    if schema != KNOWN[family]:
-        raise SpecviewError(f"{path} has schema {schema}, which this specview cannot read (it reads "
-                            f"{KNOWN[family]}): render it with the specview version that wrote it, or record it again")
-    _check_shape(path, doc)
-    return path, doc
-
-
-def newest_profile(folder: str) -> str:
-    found = [p for p in glob.glob(os.path.join(folder, "*.json"))
-             if not p.endswith((".trace.json", ".speedscope.json")) and not os.path.basename(p).startswith(".tmp-")]
-    if not found:
-        raise SpecviewError(f"no profile files in the folder {folder}")
-    return max(found, key=os.path.getmtime)
-
-
-def _bad_json(path: str, text: str, err: json.JSONDecodeError) -> str:
-    first = text.lstrip().split("\n", 1)[0]
-    try:
-        if json.loads(first).get("type") == "start":
-            return (f"{path} is a `--jsonl` event stream, not a profile: record one with "
-                    "`specview run --profile`")
-    except (json.JSONDecodeError, AttributeError):
-        pass
-    if err.pos >= len(text.rstrip()):
-        return f"{path} is truncated: its JSON ends early (line {err.lineno}); the file was cut off while written"
-    return f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
-
-
-def _profile_beside(path: str) -> str:
-    for suffix in (".trace.json", ".speedscope.json", ".ops.trace.json", ".py-spy.speedscope.json"):
-        if path.endswith(suffix):
-            return os.path.basename(path[: -len(suffix)] + ".json")
-    return "<stem>.json"
-
-
-def _check_shape(path: str, doc: dict) -> None:
-    def need(obj, key, kind, where):
-        if not isinstance(obj.get(key), kind):
-            raise SpecviewError(f"{path} is a damaged {doc['schema']} file: {where}{key} is missing or not "
-                                f"{'an object' if kind is dict else 'a list' if kind is list else 'a number'}")
-
-    if doc["schema"] == PROFILE_SCHEMA:
-        need(doc, "meta", dict, "")
-        need(doc, "summary", dict, "")
-        need(doc, "steps", list, "")
-        summary = doc["summary"]
-        need(summary, "phases_ms", dict, "summary.")
-        need(summary, "wall_ms", (int, float), "summary.")
-        need(summary, "steps", int, "summary.")
-    else:
-        if not isinstance(doc.get("methods"), dict) and not isinstance(doc.get("sweep"), list):
-            raise SpecviewError(f"{path} is a damaged {doc['schema']} file: it has neither \"methods\" nor \"sweep\"")
-
-
-# --- formatting ------------------------------------------------------------------------------------
+from specview.profiling.profile import PHASE_HELP
+from specview.timing import PHASES
 
 
 def _num(v) -> float | None:
@@ -174,10 +35,6 @@ def _title(text: str) -> Text:
 
 
 # --- one profile -----------------------------------------------------------------------------------
-
-
-def render(path: str, doc: dict):
-    return render_profile(path, doc) if doc["schema"] == PROFILE_SCHEMA else render_bench(path, doc)
 
 
 def render_profile(path: str, doc: dict) -> Group:
@@ -240,7 +97,7 @@ def _phase_rows(s: dict) -> list[tuple[str, float | None, str | None, float | No
     if _num(s.get("prefill_ms")):
         rows.append(("prefill", s["prefill_ms"], None, None))
     split = any(_num(ln.get(k)) for k in ("draft", "verify"))
-    for name in (*MEASURED, "other"):
+    for name in PHASES:
         rows.append((name, _num(ph.get(name)), None, None))
         if name in ("draft", "verify") and split:
             rows.append(("  layernorm", _num(ln.get(name)), name, _num(ph.get(name))))
@@ -399,104 +256,3 @@ def config_diff(ma: dict, mb: dict) -> list[str]:
 
     fa, fb = flat(ma), flat(mb)
     return [f"{k}: {fa.get(k)} → {fb.get(k)}" for k in dict.fromkeys([*fa, *fb]) if fa.get(k) != fb.get(k)]
-
-
-# --- bench files -----------------------------------------------------------------------------------
-
-
-def render_bench(path: str, doc: dict) -> Group:
-    parts: list = [_title(f"bench {path}")]
-    config = doc.get("config") or {}
-    if config:
-        parts.append(Text(" · ".join(f"{k} {v}" for k, v in config.items() if not isinstance(v, (dict, list))),
-                          style="dim"))
-    if isinstance(doc.get("methods"), dict):
-        parts += [Text(""), methods_table(doc["methods"]), Text(""), bench_metrics(doc)]
-    sweep = doc.get("sweep")
-    if isinstance(sweep, list) and sweep:
-        parts += [Text(""), sweep_table(sweep)]
-    return Group(*parts)
-
-
-def _ordered(methods: dict) -> list[str]:
-    return [m for m in METHOD_ORDER if m in methods] + [m for m in methods if m not in METHOD_ORDER]
-
-
-def methods_table(methods: dict) -> Table:
-    table = Table(title="methods", title_justify="left")
-    for col in ("method", "mean s", "std s", "tokens/s", "speedup vs autoregressive", "runs"):
-        table.add_column(col, justify="left" if col == "method" else "right")
-    base = _num((methods.get("autoregressive") or {}).get("mean_s"))
-    for name in _ordered(methods):
-        m = methods[name] if isinstance(methods[name], dict) else {}
-        mean = _num(m.get("mean_s"))
-        runs = m.get("runs")
-        table.add_row(name, fmt(mean, "{:.3f}"), fmt(m.get("std_s"), "{:.3f}"), fmt(m.get("tokens_per_s"), "{:.1f}"),
-                      fmt(base / mean if base and mean else None, "{:.2f}x"),
-                      str(len(runs)) if isinstance(runs, list) else "")
-    return table
-
-
-BENCH_METRICS = (("acceptance rate", "acceptance_rate", "{:.1%}"), ("alpha", "alpha", "{:.3f}"),
-                 ("mean tokens per step", "mean_emitted_per_step", "{:.2f}"),
-                 ("E(K) from alpha", "expected_tokens_per_step", "{:.2f}"),
-                 ("cost ratio c", "cost_ratio", "{:.3f}"), ("verify cost ratio v", "verify_cost_ratio", "{:.3f}"),
-                 ("ideal speedup E/(Kc+1)", "ideal_speedup", "{:.2f}x"),
-                 ("theoretical speedup E/(Kc+v)", "theoretical_speedup", "{:.2f}x"),
-                 ("measured speedup", "speedup", "{:.2f}x"), ("efficiency", "efficiency", "{:.1%}"),
-                 ("time outside the forwards", "overhead_share", "{:.1%}"))
-
-
-def bench_metrics(doc: dict) -> Table:
-    table = Table(show_header=False, box=None)
-    table.add_column(style="bold")
-    table.add_column(justify="right")
-    for label, key, spec in BENCH_METRICS:
-        if key in doc:
-            table.add_row(label, fmt(doc.get(key), spec))
-    pos = doc.get("per_position_acceptance")
-    if isinstance(pos, list) and pos:
-        table.add_row("acceptance per position", " ".join(fmt(r, "{:.0%}") for r in pos))
-    if doc.get("recommended_k") is not None:
-        rec = doc["recommended_k"]
-        table.add_row("recommended K", ", ".join(f"{k} {v}" for k, v in rec.items()) if isinstance(rec, dict)
-                      else str(rec))
-    return table
-
-
-def sweep_table(sweep: list) -> Table:
-    table = Table(title="sweep over K", title_justify="left")
-    cols = ("K", "speculative tokens/s", "acceptance", "tokens/step", "theoretical", "speedup", "efficiency")
-    for col in cols:
-        table.add_column(col, justify="right")
-    for entry in sweep:
-        if not isinstance(entry, dict):
-            continue
-        k = entry.get("k", (entry.get("config") or {}).get("k"))
-        spec = ((entry.get("methods") or {}).get("speculative") or {})
-        table.add_row(str(k), fmt(spec.get("tokens_per_s"), "{:.1f}"), fmt(entry.get("acceptance_rate"), "{:.1%}"),
-                      fmt(entry.get("mean_emitted_per_step")), fmt(entry.get("theoretical_speedup"), "{:.2f}x"),
-                      fmt(entry.get("speedup"), "{:.2f}x"), fmt(entry.get("efficiency"), "{:.1%}"))
-    return table
-
-
-def compare_bench(a: tuple[str, dict], b: tuple[str, dict]) -> Group:
-    (pa, da), (pb, db) = a, b
-    ma, mb = da.get("methods") or {}, db.get("methods") or {}
-    table = Table(title="tokens/s per method", title_justify="left")
-    for col in ("method", "A", "B", "B / A"):
-        table.add_column(col, justify="left" if col == "method" else "right")
-    for name in _ordered({**ma, **mb}):
-        va = _num((ma.get(name) or {}).get("tokens_per_s"))
-        vb = _num((mb.get(name) or {}).get("tokens_per_s"))
-        table.add_row(name, fmt(va, "{:.1f}"), fmt(vb, "{:.1f}"), fmt(vb / va if va and vb is not None else None,
-                                                                      "{:.2f}x"))
-    metrics = Table(title="metrics", title_justify="left")
-    for col in ("", "A", "B"):
-        metrics.add_column(col, justify="left" if not col else "right")
-    for label, key, spec in BENCH_METRICS:
-        metrics.add_row(label, fmt(da.get(key), spec), fmt(db.get(key), spec))
-    diffs = config_diff({"config": da.get("config") or {}}, {"config": db.get("config") or {}})
-    return Group(_title(f"A: {pa}\nB: {pb}"),
-                 Text("config: " + ("; ".join(diffs) if diffs else "same settings"), style="dim"),
-                 Text(""), table, Text(""), metrics)

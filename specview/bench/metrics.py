@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import statistics
 
-from specview.bench_methods import RunRecord
-from specview.events import Counts, _clean, expected_tokens_per_step, ratio
-from specview.profiling.profile import BENCH_SCHEMA  # noqa: F401 - bench.py imports it from here
+from specview.bench.methods import RunRecord
+from specview.events import _clean
+from specview.metrics import Counts, cost_model, expected_tokens_per_step, ratio, speedup
+from specview.timing import PHASES
 
 
 def method_stats(records: list[RunRecord], baseline_mean_s: float | None = None) -> dict:
@@ -19,7 +20,7 @@ def method_stats(records: list[RunRecord], baseline_mean_s: float | None = None)
         "mean_s": mean,
         "std_s": statistics.stdev(walls) if len(walls) > 1 else 0.0 if walls else None,
         "tokens_per_s": ratio(sum(r.tokens for r in records), sum(walls)),
-        "speedup": ratio(baseline_mean_s, mean) if baseline_mean_s and mean else None,
+        "speedup": ratio(baseline_mean_s, mean),
         "runs": [r.to_json() for r in records],
     }
     return out
@@ -45,41 +46,30 @@ def speculative_metrics(k: int, spec: list[RunRecord], ar: list[RunRecord]) -> d
     """Everything DESIGN.md defines for one K, from the speculative and autoregressive runs."""
     counts = pooled(spec)
     phase = counts.phases_ms.get
-    t_ar = target_ms_per_token(ar)
-    draft_ms = ratio(phase("draft", 0.0), counts.drafted)
-    verify_ms = ratio(phase("verify", 0.0), counts.steps)
-    c = ratio(draft_ms, t_ar) if draft_ms is not None else None
-    v = ratio(verify_ms, t_ar) if verify_ms is not None else None
-    e = counts.mean_emitted_per_step
+    costs = cost_model(counts, target_ms_per_token(ar))
     alpha = counts.alpha
-    k_mean = counts.drafted_per_step  # drafts actually made per step: fewer than K near N or the context end
-    ideal = theoretical = None
-    if e is not None and c is not None and v is not None and k_mean is not None:
-        ideal = e / (k_mean * c + 1)
-        theoretical = e / (k_mean * c + v)
-    ar_mean = _mean_wall(ar)
-    spec_mean = _mean_wall(spec)
-    speedup = ratio(ar_mean, spec_mean) if ar_mean and spec_mean else None
-    measured = ("draft", "verify", "sample", "cache", "other")
-    outside = ratio(sum(phase(n, 0.0) for n in ("sample", "cache", "other")), sum(phase(n, 0.0) for n in measured))
+    ar_mean, spec_mean = _mean_wall(ar), _mean_wall(spec)
+    measured_speedup = ratio(ar_mean, spec_mean)
+    theoretical = costs.theoretical_speedup
+    outside = ratio(sum(phase(n, 0.0) for n in ("sample", "cache", "other")), sum(phase(n, 0.0) for n in PHASES))
     return {
         "k": k,
         "acceptance_rate": counts.acceptance_rate,
         "alpha": alpha,
-        "mean_emitted_per_step": e,
-        "drafted_per_step": k_mean,  # the K in E / (K c + v): below the nominal K when N cuts the last block
+        "mean_emitted_per_step": costs.e,
+        "drafted_per_step": costs.k,  # the K in E / (K c + v): below the nominal K when N cuts the last block
         "expected_tokens_per_step": expected_tokens_per_step(alpha, k) if alpha is not None else None,
         "per_position_acceptance": counts.per_position_acceptance,
-        "target_ms_per_token": t_ar,
-        "draft_ms_per_token": draft_ms,
-        "verify_ms": verify_ms,
-        "cost_ratio": c,
-        "verify_cost_ratio": v,
-        "ideal_speedup": ideal,
+        "target_ms_per_token": costs.t_ar_ms,
+        "draft_ms_per_token": costs.draft_ms_per_token,
+        "verify_ms": costs.verify_ms,
+        "cost_ratio": costs.c,
+        "verify_cost_ratio": costs.v,
+        "ideal_speedup": costs.ideal_speedup,
         "theoretical_speedup": theoretical,
-        "speedup": speedup,
-        "efficiency": ratio(speedup, theoretical) if speedup is not None and theoretical else None,
-        "step_ms": {name: ratio(phase(name, 0.0), counts.steps) for name in measured},  # where a step goes
+        "speedup": measured_speedup,
+        "efficiency": ratio(measured_speedup, theoretical),
+        "step_ms": {name: ratio(phase(name, 0.0), counts.steps) for name in PHASES},  # where a step goes
         "overhead_share": outside,  # share of the step time outside the two models' forwards
     }
 
@@ -96,7 +86,7 @@ def predict(entries: list[dict]) -> None:
     alpha = ratio(accepted, accepted + rejections)
     draft_ms = ratio(sum(e["_draft_ms"] for e in entries), sum(e["_drafted"] for e in entries))
     t_ar = next((e["target_ms_per_token"] for e in entries if e.get("target_ms_per_token")), None)
-    c = ratio(draft_ms, t_ar) if draft_ms is not None and t_ar else None
+    c = ratio(draft_ms, t_ar)
     for e in entries:
         k, v = e["k"], e.get("verify_cost_ratio")
         e_k = expected_tokens_per_step(alpha, k) if alpha is not None else None
@@ -104,8 +94,8 @@ def predict(entries: list[dict]) -> None:
             "alpha": alpha,
             "expected_tokens_per_step": e_k,
             "cost_ratio": c,
-            "speedup": e_k / (k * c + v) if e_k is not None and c is not None and v is not None else None,
-            "ideal_speedup": e_k / (k * c + 1) if e_k is not None and c is not None else None,
+            "speedup": speedup(e_k, k, c, v),
+            "ideal_speedup": speedup(e_k, k, c, 1.0),
         }
 
 

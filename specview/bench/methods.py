@@ -15,9 +15,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+from transformers import StoppingCriteria
 
 from specview.engine import eos_token_ids
 from specview.events import RunSummary
+from specview.stopping import Stop
 
 OURS = ("autoregressive", "speculative", "draft_autoregressive")
 PEERS = {"hf": ("hf_generate", "hf_assisted")}
@@ -53,9 +55,10 @@ class RunRecord:
 class EngineMethod:
     """One of our three methods on a Decoder; K is set per call (the sweep shares one decoder)."""
 
-    def __init__(self, session, method: str, generator: torch.Generator):
+    def __init__(self, session, method: str, generator: torch.Generator, stop: Stop):
         self.name = method
         self.session = session
+        self.stop = stop
         self.decoder = session.decoder(method)
         self.decoder.generator = generator  # one generator for the whole command (DESIGN: seeded once)
 
@@ -66,7 +69,7 @@ class EngineMethod:
         steps = []
         t0 = time.perf_counter()
         run = self.decoder.start(self.session.prompt_ids, s.max_new_tokens)
-        while not run.done:
+        while not run.done and not self.stop:
             steps.append(run.step())
         wall = time.perf_counter() - t0
         return RunRecord(self.name, k if self.name == "speculative" else None, wall, list(run.generated),
@@ -76,9 +79,10 @@ class EngineMethod:
 class HFMethod:
     """transformers' generate() on the same models: alone (hf_generate) or assisted by the draft."""
 
-    def __init__(self, session, assisted: bool):
+    def __init__(self, session, assisted: bool, stop: Stop):
         self.name = "hf_assisted" if assisted else "hf_generate"
         self.session = session
+        self.stop = stop
         self.assisted = assisted
         self.target = session.target.model
         self.draft = session.draft.model if assisted else None
@@ -95,7 +99,8 @@ class HFMethod:
         with quiet_transformers(), no_eos(self.target, self.draft, self.session.settings.ignore_eos):
             t0 = time.perf_counter()
             out = self.target.generate(self.input_ids, attention_mask=self.attention_mask,
-                                       generation_config=self.config, **kwargs)
+                                       generation_config=self.config, stopping_criteria=[_StopCriterion(self.stop)],
+                                       **kwargs)
             wall = time.perf_counter() - t0
         ids = out[0, self.input_ids.shape[1]:].tolist()
         return RunRecord(self.name, k if self.assisted else None, wall, ids)
@@ -111,7 +116,7 @@ def generation_config(session):
     tok = session.target.tokenizer
     eos = sorted(eos_token_ids(session.target))
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
-    greedy = s.temperature == 0
+    greedy = s.greedy
     return GenerationConfig(
         max_new_tokens=s.max_new_tokens, min_new_tokens=0, min_length=0, do_sample=not greedy,
         temperature=1.0 if greedy else s.temperature, top_k=0 if greedy else s.top_k,
@@ -166,10 +171,22 @@ def quiet_transformers():
         hf_logging.set_verbosity(previous)
 
 
-def make_methods(session, peer: str | None, generator: torch.Generator) -> dict:
-    """name -> method object, in table order."""
-    methods = {name: EngineMethod(session, name, generator) for name in OURS}
+class _StopCriterion(StoppingCriteria):
+    """generate() ends at the next token once a stop is requested (transformers' StoppingCriteria protocol)."""
+
+    def __init__(self, stop: Stop):
+        super().__init__()
+        self.stop = stop
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), bool(self.stop), dtype=torch.bool, device=input_ids.device)
+
+
+def make_methods(session, peer: str | None, generator: torch.Generator, stop: Stop | None = None) -> dict:
+    """name -> method object, in table order. `stop` ends a run at its next step (bench's signals)."""
+    stop = Stop() if stop is None else stop  # (a Stop is falsy until requested)
+    methods = {name: EngineMethod(session, name, generator, stop) for name in OURS}
     if peer:
-        methods["hf_generate"] = HFMethod(session, assisted=False)
-        methods["hf_assisted"] = HFMethod(session, assisted=True)
+        methods["hf_generate"] = HFMethod(session, assisted=False, stop=stop)
+        methods["hf_assisted"] = HFMethod(session, assisted=True, stop=stop)
     return methods

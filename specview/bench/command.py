@@ -24,9 +24,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from specview.bench_methods import DRAFTING, PEERS, make_methods
-from specview.bench_metrics import (
-    BENCH_SCHEMA,
+from specview.bench.methods import DRAFTING, PEERS, make_methods
+from specview.bench.metrics import (
     method_stats,
     predict,
     public,
@@ -35,11 +34,14 @@ from specview.bench_metrics import (
     speculative_metrics,
     sweep_inputs,
 )
-from specview.bench_table import render
+from specview.bench.schema import BENCH_SCHEMA, METHOD_ORDER
+from specview.bench.tables import render
 from specview.errors import SpecviewError
-from specview.options import number_type
-from specview.profiling.profile import METHOD_ORDER
-from specview.session import Settings, open_session
+from specview.files import write_json_atomic
+from specview.options import Parser, add_run_options, number_type
+from specview.session import open_session
+from specview.settings import Settings
+from specview.stopping import Stop, Stopped
 
 BENCH_DEFAULTS = {"ignore_eos": True}  # equal token counts for every method; other defaults as `run` (DESIGN)
 
@@ -58,8 +60,8 @@ def parse_sweep(text: str) -> list[int]:
     return sorted(set(ks))
 
 
-def build_bench_parser(parser_class, add_run_options) -> argparse.ArgumentParser:
-    p = parser_class(
+def build_bench_parser() -> argparse.ArgumentParser:
+    p = Parser(
         prog="specview bench",
         description="Time autoregressive, speculative and draft-only decoding (and with --peer hf, "
                     "transformers' generate() and assisted generation) side by side on the same prompt.",
@@ -88,6 +90,12 @@ def build_bench_parser(parser_class, add_run_options) -> argparse.ArgumentParser
 
 
 def bench_command(args) -> int:
+    stop = Stop()
+    with stop.on_signals():
+        return _bench(args, stop)
+
+
+def _bench(args, stop: Stop) -> int:
     settings = Settings.from_args(args)
     ks = sorted(set(args.sweep_k or []) | {settings.k})
     stdout, stderr = Console(highlight=False), Console(stderr=True, highlight=False)
@@ -103,11 +111,12 @@ def bench_command(args) -> int:
                 progress.update(loading, completed=1)
             progress.update(loading, description=msg)
 
-        session = open_session(settings, on_progress)
+        with stop.immediately():  # nothing measured yet: a signal interrupts the load at once
+            session = open_session(settings, on_progress)
         progress.update(loading, completed=2, description="models loaded")
         torch.manual_seed(settings.seed)  # the peers sample from torch's global generator
         generator = torch.Generator(device=session.device).manual_seed(settings.seed)
-        methods = make_methods(session, args.peer, generator)
+        methods = make_methods(session, args.peer, generator, stop)
         plan = [(name, k if name in DRAFTING else None) for name in methods
                 for k in (ks if name in DRAFTING else [None])]
         task = progress.add_task("warm-up", total=len(plan) * (1 + args.num_runs))
@@ -118,10 +127,10 @@ def bench_command(args) -> int:
             else:
                 progress.update(task, description=label)
 
-        interrupted = run_rounds(methods, plan, args.num_runs, records, on_run)
+        interrupted = run_rounds(methods, plan, args.num_runs, records, on_run, stop)
     complete = min((len(v) for v in records.values()), default=0)
     if complete == 0 or len(records) < len(plan):
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt  # not one whole round: nothing to report
     records = {key: runs[:complete] for key, runs in records.items()}  # whole rounds only
     doc = build_doc(session, args, ks, records, load_start)
     if interrupted:
@@ -138,21 +147,26 @@ def bench_command(args) -> int:
     return 130 if interrupted else 0
 
 
-def run_rounds(methods: dict, plan: list, num_runs: int, records: dict, on_run=lambda label: None) -> bool:
+def run_rounds(methods: dict, plan: list, num_runs: int, records: dict, on_run=lambda label: None,
+               stop: Stop | None = None) -> bool:
     """Warm each (method, K) up once, then time `num_runs` rounds of the whole plan in order
     (A B C A B C ...) so that drift of the machine hits every method alike. Fills `records`;
-    returns True if Ctrl-C stopped the rounds (the warm-up is not interruptible this way)."""
-    for name, k in plan:
-        on_run(f"warm-up {_label(name, k)}")
-        methods[name].run(k)
-        on_run(None)
+    returns True if a stop (Ctrl-C, SIGTERM) cut the rounds short: the round in progress is dropped."""
+    stop = Stop() if stop is None else stop  # (a Stop is falsy until requested)
     try:
+        for name, k in plan:
+            on_run(f"warm-up {_label(name, k)}")
+            methods[name].run(k)
+            on_run(None)
+            stop.check()
         for r in range(num_runs):
             for name, k in plan:
                 on_run(f"round {r + 1}/{num_runs} {_label(name, k)}")
-                records.setdefault((name, k), []).append(methods[name].run(k))
+                record = methods[name].run(k)
+                stop.check()  # a run cut short by a stop is not a measurement
+                records.setdefault((name, k), []).append(record)
                 on_run(None)
-    except KeyboardInterrupt:
+    except Stopped:
         return True
     return False
 
@@ -170,7 +184,7 @@ def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
     s = session.settings
     ar = records[("autoregressive", None)]
     ar_mean = method_stats(ar)["mean_s"]
-    greedy = s.temperature == 0
+    greedy = s.greedy
     reference = ar[0].generated_ids
 
     def check(name: str, k: int | None):
@@ -242,8 +256,6 @@ def write_profile_files(session, folder: str, timed_speculative: list, doc: dict
 
 
 def _write(path: str, doc: dict, option: str) -> None:
-    from specview.profiling.export import write_json_atomic
-
     try:
         write_json_atomic(path, doc, indent=1)
     except OSError as err:

@@ -6,7 +6,7 @@
    hooks (`--profile`), in interleaved rounds (A B C C B A ...) so machine drift hits all three; the
    best round of each is the least disturbed by other processes, the median is shown beside it.
 
-    python -m specview.profiling.overhead [-N 48] [-K 4] [--rounds 6] [--threads T] [--target ..] [--draft ..]
+    python -m specview.bench.overhead [-N 48] [-K 4] [--rounds 6] [--threads T] [--target ..] [--draft ..]
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import time
 import torch
 
 from specview.profiling.hooks import NormHooks, norm_modules
-from specview.profiling.timer import PhaseTimer
-from specview.session import Settings, open_session
+from specview.session import open_session
+from specview.settings import Settings
+from specview.timing import PhaseTimer
 
 MODES = ("timing off", "timing on", "timing + norm hooks")
 
@@ -84,7 +85,7 @@ def measure(session, n: int, rounds: int) -> dict[str, list[float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specview.profiling.overhead", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m specview.bench.overhead", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=Settings.target)
     p.add_argument("--draft", default=Settings.draft)

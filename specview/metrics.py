@@ -1,0 +1,159 @@
+"""The metrics, ONE home (DESIGN.md "Metrics"): counters over steps, the rates they give, and the cost
+model that turns them into speedups (c, v, E(K), ideal / theoretical / predicted speedup, break-even c).
+run, profiles, bench, eval and the TUI all read their figures from here. No torch, no textual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Counts:
+    """Acceptance and timing counters over steps: the ONE definition of the metrics (DESIGN.md,
+    "Metrics") for run, profiles, bench and the TUI. Rates are None (JSON null) over zero steps."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0
+    emitted: int = 0
+    prefill_ms: float = 0.0
+    steps_ms: float = 0.0  # the steps' wall times
+    phases_ms: dict[str, float] = field(default_factory=dict)  # summed over the steps
+    per_position_drafted: list[int] = field(default_factory=list)
+    per_position_accepted: list[int] = field(default_factory=list)
+
+    def count(self, drafted: int, accepted: int, rejected: bool, emitted: int, wall_ms: float = 0.0,
+              phases_ms: dict | None = None) -> None:
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.rejections += bool(rejected)
+        self.emitted += emitted
+        self.steps_ms += wall_ms
+        for name, ms in (phases_ms or {}).items():
+            if isinstance(ms, (int, float)):
+                self.phases_ms[name] = self.phases_ms.get(name, 0.0) + ms
+        # Share of the steps that drafted position i+1 in which it was accepted.
+        self._grow(drafted)
+        for i in range(drafted):
+            self.per_position_drafted[i] += 1
+            self.per_position_accepted[i] += i < accepted
+
+    def add(self, s) -> None:
+        """A StepResult."""
+        self.count(len(s.drafted), s.accepted, s.rejected_at is not None, len(s.emitted), s.wall_ms, s.phases_ms)
+
+    def add_json(self, s: dict) -> None:
+        """A step record as written to JSONL / profiles."""
+        self.count(len(s.get("drafted") or []), s.get("accepted") or 0, s.get("rejected_at") is not None,
+                   len(s.get("emitted") or []), s.get("wall_ms") or 0.0, s.get("phases_ms"))
+
+    def merge(self, other: Counts) -> None:
+        for name in ("steps", "drafted", "accepted", "rejections", "emitted", "prefill_ms", "steps_ms"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name, ms in other.phases_ms.items():
+            self.phases_ms[name] = self.phases_ms.get(name, 0.0) + ms
+        self._grow(len(other.per_position_drafted))
+        for i, (d, a) in enumerate(zip(other.per_position_drafted, other.per_position_accepted)):
+            self.per_position_drafted[i] += d
+            self.per_position_accepted[i] += a
+
+    def _grow(self, n: int) -> None:
+        while len(self.per_position_drafted) < n:
+            self.per_position_drafted.append(0)
+            self.per_position_accepted.append(0)
+
+    @property
+    def wall_s(self) -> float:
+        return (self.prefill_ms + self.steps_ms) / 1000
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return ratio(self.accepted, self.drafted)
+
+    @property
+    def alpha(self) -> float | None:
+        return ratio(self.accepted, self.accepted + self.rejections)
+
+    @property
+    def mean_emitted_per_step(self) -> float | None:
+        return ratio(self.emitted, self.steps)
+
+    @property
+    def drafted_per_step(self) -> float | None:
+        """The K actually drafted per step: fewer than K near N or the context end."""
+        return ratio(self.drafted, self.steps)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return ratio(self.emitted, self.wall_s)
+
+    @property
+    def per_position_acceptance(self) -> list[float | None]:
+        return [ratio(a, d) for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Where a speculative step's time goes, in units of one autoregressive target token (t_ar), and the
+    speedups that implies. Every field is None when its inputs do not exist yet."""
+
+    t_ar_ms: float | None  # one-token target forward in autoregressive decoding, prefill excluded
+    draft_ms_per_token: float | None  # draft forward time per drafted token
+    verify_ms: float | None  # mean verify forward per step
+    c: float | None  # cost ratio: draft_ms_per_token / t_ar
+    v: float | None  # verify cost ratio: verify_ms / t_ar (about 1.2 to 1.6 on a CPU, not 1)
+    e: float | None  # tokens emitted per target forward (measured E)
+    k: float | None  # drafts actually made per step (K, fewer near N or the context end)
+
+    @property
+    def ideal_speedup(self) -> float | None:
+        """E / (K c + 1): the papers' formula, verify as cheap as one token."""
+        return speedup(self.e, self.k, self.c, 1.0)
+
+    @property
+    def theoretical_speedup(self) -> float | None:
+        """E / (K c + v): what an engine with zero overhead would reach with these models."""
+        return speedup(self.e, self.k, self.c, self.v)
+
+    def predicted(self, alpha: float | None, k: int) -> tuple[float | None, float | None]:
+        """(E(K), E(K) / (K c + v)) for K drafts per step at this alpha, c and v."""
+        e_k = expected_tokens_per_step(alpha, k) if alpha is not None else None
+        return e_k, speedup(e_k, k, self.c, self.v)
+
+
+def cost_model(counts: Counts, t_ar_ms: float | None) -> CostModel:
+    """The cost model of speculative steps (their counters) against a measured t_ar."""
+    phase = counts.phases_ms.get
+    draft_ms = ratio(phase("draft", 0.0), counts.drafted)
+    verify_ms = ratio(phase("verify", 0.0), counts.steps)
+    return CostModel(t_ar_ms, draft_ms, verify_ms, ratio(draft_ms, t_ar_ms), ratio(verify_ms, t_ar_ms),
+                     counts.mean_emitted_per_step, counts.drafted_per_step)
+
+
+def speedup(e: float | None, k: float | None, c: float | None, v: float | None) -> float | None:
+    """E / (K c + v), None when an input is missing."""
+    if e is None or k is None or c is None or v is None:
+        return None
+    return ratio(e, k * c + v)
+
+
+def estimated_speedup(counts: Counts, t_ar_ms: float | None) -> float | None:
+    """Autoregressive time for these tokens (emitted x t_ar) / the time the steps took."""
+    if t_ar_ms is None or not counts.steps:
+        return None
+    return ratio(counts.emitted * t_ar_ms, counts.steps_ms)
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """E(K) = (1 - alpha^(K+1)) / (1 - alpha): tokens per target forward when each draft passes with prob alpha."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num / den; None (JSON null, "n/a") when either is missing or den is 0."""
+    return num / den if num is not None and den else None

