@@ -5,10 +5,11 @@
     while not run.done:
         step = run.step()          # -> StepResult
 
-`draft=None` gives the autoregressive baseline through the same code path (same forward, same
-cache helper, same sampling function). Invariant between steps, for each model:
-its KV cache holds every token but the last ones not yet fed (`tokens[cache_len:]`, 1 or 2 tokens),
-so a step never re-runs the prefix.
+`draft` is a drafter (drafters/: a model, n-gram lookup, a layer-skipping view of the target) or a
+LoadedModel (wrapped in a ModelDrafter); None gives the autoregressive baseline through the same code
+path (same forward, same cache helper, same sampling function). Invariant between steps: the target's
+KV cache holds every token but the last one or two not yet fed (`tokens[cache_len:]`), so a step never
+re-runs the prefix; a draft model's cache catches up the same way.
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ import time
 import torch
 
 from specview import fastlinear
+from specview.detok import CONTEXT, piece_in_context
+from specview.drafters.base import Proposal
+from specview.drafters.model import ModelDrafter
 from specview.events import RunSummary, StepResult
+from specview.kvcache import crop_cache, new_cache
 from specview.memory import memory_mb
 from specview.models import LoadedModel, vocab_limit
 from specview.sampling import probs_from_logits, sample
@@ -28,50 +33,43 @@ from specview.timing import PhaseTimer
 RESIDUAL_TOP = 5  # residual candidates reported at a rejection
 
 
-def new_cache(lm: LoadedModel):
-    from transformers import DynamicCache
-
-    return DynamicCache(config=lm.model.config)
-
-
-def crop_cache(cache, keep: int) -> None:
-    """Drop cached positions past `keep`. Works on transformers 4.x and 5.x: 5.x's crop refuses a
-    positive length, both accept a negative count to remove; crop(0) must be avoided."""
-    length = cache.get_seq_length()
-    if keep < length:
-        cache.crop(keep - length)
-
-
 class Decoder:
-    """A target, an optional draft, sampling settings and one random generator shared by all runs."""
+    """A target, an optional drafter, sampling settings and one random generator shared by all runs.
+    `drafter` may be changed between steps (the TUI's `d`): each run keeps one state per drafter."""
 
     def __init__(
         self,
         target: LoadedModel,
-        draft: LoadedModel | None,
+        draft,
         sampling: SamplingConfig,
         k: int = 4,
         seed: int = 0,
         timer: PhaseTimer | None = None,
         ignore_eos: bool = False,
     ):
-        self.target, self.draft, self.sampling, self.k = target, draft, sampling, k
+        self.target, self.sampling, self.k = target, sampling, k
+        self.drafter = ModelDrafter(draft) if isinstance(draft, LoadedModel) else draft
         self.device = target.device
         # One generator seeded once: runs follow each other on it, so R runs are R independent samples.
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.timer = timer or PhaseTimer(self.device)
-        self.vocab = vocab_limit(target, draft)
-        limits = [m.context_len for m in (target, draft) if m is not None and m.context_len]
+        self.vocab = vocab_limit(target, self.draft)
+        limits = [m.context_len for m in (target, self.draft) if m is not None and m.context_len]
         self.context_len = min(limits) if limits else None
         self.eos_ids = set() if ignore_eos else eos_token_ids(target)
         self.runs = 0
-        for lm in (target, draft):  # packed-weight matmuls (fastlinear), switched on only inside forward()
+        for lm in (target, self.draft):  # packed-weight matmuls (fastlinear), switched on only inside forward()
             if lm is not None:
                 fastlinear.install(lm.model)
 
     @property
+    def draft(self) -> LoadedModel | None:
+        """The drafter's model, if it has one (n-gram lookup has none)."""
+        return getattr(self.drafter, "lm", None)
+
+    @property
     def method(self) -> str:
-        return "speculative" if self.draft is not None else "autoregressive"
+        return "speculative" if self.drafter is not None else "autoregressive"
 
     def start(self, prompt_ids: list[int], max_new_tokens: int) -> Run:
         run = Run(self, list(prompt_ids), max_new_tokens, self.runs)
@@ -131,27 +129,38 @@ class Run:
         self.done = False
         self.stop_reason: str | None = None
         self.target_cache = new_cache(decoder.target)
-        self.draft_cache = new_cache(decoder.draft) if decoder.draft is not None else None
+        self.states: dict[int, object] = {}  # id(drafter) -> its state (a KV cache), made on first use
         self._prefilled = False  # the first step() prefills, so start() is instant and interruptible
 
     @property
     def generated(self) -> list[int]:
         return self.tokens[self.prompt_len :]
 
+    @property
+    def draft_cache(self):
+        """The current drafter's state (a draft model's KV cache; None for n-gram lookup)."""
+        return self._state(self.dec.drafter) if self.dec.drafter is not None else None
+
+    def _state(self, drafter):
+        key = id(drafter)
+        if key not in self.states:
+            self.states[key] = drafter.new_state()
+        return self.states[key]
+
     def _prefill(self) -> None:
-        """Fill both caches with the prompt but its last token (the first step feeds that one)."""
+        """Fill the caches with the prompt but its last token (the first step feeds that one)."""
         t0 = time.perf_counter()
         head = self.tokens[:-1]
         if head:
             self.dec.forward(self.dec.target, self.target_cache, head, keep=1)
-            if self.draft_cache is not None:
-                self.dec.forward(self.dec.draft, self.draft_cache, head, keep=1)
+            if self.dec.drafter is not None:
+                self.dec.drafter.prefill(self.dec, self._state(self.dec.drafter), head)
         self.summary.prefill_ms = (time.perf_counter() - t0) * 1000
         self._prefilled = True
 
     def block_size(self) -> int:
         """Drafts this step: K, but none past N (the last token comes from the target) or the context."""
-        k = self.k if self.draft_cache is not None else 0
+        k = self.k if self.dec.drafter is not None else 0
         k = min(k, self.max_new_tokens - len(self.generated) - 1)
         if self.dec.context_len:
             k = min(k, self.dec.context_len - len(self.tokens) - 1)
@@ -161,60 +170,42 @@ class Run:
         if self.done:
             raise RuntimeError("this run has ended")
         dec, timer = self.dec, self.dec.timer
+        drafter = dec.drafter
         if not self._prefilled:
             self._prefill()
         timer.start_step()
         k = self.block_size()
-        drafts, q_rows = self._draft(k) if k else ([], [])
+        proposal = drafter.propose(dec, self._state(drafter), self.tokens, k) if k else None
         with timer.phase("verify"):
             fed = self.tokens[self.target_cache.get_seq_length() :]
             ids = torch.tensor(fed, dtype=torch.long, device=dec.device)
-            if drafts:
-                ids = torch.cat([ids, torch.stack(drafts)])
-            logits = dec.forward(dec.target, self.target_cache, ids, keep=k + 1)
+            n_drafts = len(proposal) if proposal is not None else 0
+            if n_drafts:
+                ids = torch.cat([ids, proposal.tokens])
+            logits = dec.forward(dec.target, self.target_cache, ids, keep=n_drafts + 1)
         with timer.phase("sample"):
-            decision = self._decide(logits, drafts, q_rows)
-        result = self._emit(k, decision)
+            decision = self._decide(logits, proposal if n_drafts else None)
+        result = self._emit(decision, proposal)
         with timer.phase("cache"):
             keep = len(self.tokens) - 1
             crop_cache(self.target_cache, keep)
-            if self.draft_cache is not None:
-                crop_cache(self.draft_cache, keep)
+            if proposal is not None:  # only the drafter that drafted can be past `keep`
+                drafter.rollback(self._state(drafter), keep)
         result.phases_ms, result.wall_ms = timer.end_step()
+        result.timing = timer.last
         result.memory_mb = memory_mb(dec.device)
         self.summary.add(result)
         return result
 
-    def _draft(self, k: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """k tokens from the draft, each fed back without leaving the device; returns ids and their q rows."""
-        dec, timer = self.dec, self.dec.timer
-        drafts, q_rows = [], []
-        ids: list[int] | torch.Tensor = self.tokens[self.draft_cache.get_seq_length() :]
-        for _ in range(k):
-            with timer.phase("draft"):
-                logits = dec.forward(dec.draft, self.draft_cache, ids, keep=1)[-1]
-            with timer.phase("sample"):
-                with timer.phase("softmax"):
-                    q = probs_from_logits(logits, dec.sampling)
-                token = sample(q, dec.generator, dec.sampling.greedy)
-            drafts.append(token)
-            q_rows.append(q)
-            ids = token.view(1)
-        return drafts, q_rows
-
-    def _decide(self, logits: torch.Tensor, drafts: list[torch.Tensor], q_rows: list[torch.Tensor]) -> list[float]:
-        """The accept test, the residual / bonus draw, all on the device; ONE transfer to the host.
-
-        Returns [n, extra, d_1..d_k, p(d_i).., q(d_i).., r_i.., top ids.., top probs..] as floats.
-        """
+    def _decide(self, logits: torch.Tensor, proposal: Proposal | None) -> Decision:
+        """The accept test, the residual / bonus draw, all on the device; ONE transfer to the host."""
         dec = self.dec
         greedy = dec.sampling.greedy
         with dec.timer.phase("softmax"):
             p = probs_from_logits(logits, dec.sampling)  # [k+1, V]
-        k = len(drafts)
-        if k:
-            d = torch.stack(drafts)
-            q = torch.stack(q_rows)
+        if proposal is not None:
+            d, q = proposal.tokens, proposal.q
+            k = len(d)
             rows = torch.arange(k, device=dec.device)
             px, qx = p[rows, d], q[rows, d]
             if greedy:
@@ -234,75 +225,84 @@ class Run:
             dist = p[0]
         extra = sample(dist, dec.generator, greedy)
         top = torch.topk(dist, min(RESIDUAL_TOP, dist.shape[-1]))
-        packed = [n.view(1), extra.view(1), d, px, qx, r, top.indices, top.values]
-        return torch.cat([t.to(torch.float64) for t in packed]).tolist()
+        return Decision.from_device(n, extra, d, px, qx, r, top.indices, top.values)
 
-    def _emit(self, k: int, decision: list[float]) -> StepResult:
-        greedy = self.dec.sampling.greedy
-        n, extra = int(decision[0]), int(decision[1])
-        pos = 2
-        drafted = [int(x) for x in decision[pos : pos + k]]
-        p = decision[pos + k : pos + 2 * k]
-        q = decision[pos + 2 * k : pos + 3 * k]
-        pos += 3 * k
-        r = None if greedy else decision[pos : pos + k]
-        pos += 0 if greedy else k
-        top = min(RESIDUAL_TOP, self.dec.vocab)
-        top_ids, top_probs = decision[pos : pos + top], decision[pos + top : pos + 2 * top]
-        rejected = n < k
-        result = StepResult(
+    def _emit(self, decision: Decision, proposal: Proposal | None) -> StepResult:
+        """Append the step's tokens (cut at the first EOS) and build its StepResult once, from the cut."""
+        greedy, speculative = self.dec.sampling.greedy, self.dec.drafter is not None
+        n, extra, drafted = decision.accepted, decision.extra, decision.drafted
+        p, q, r = decision.p, decision.q, decision.r
+        rejected = n < len(drafted)
+        emitted = drafted[:n] + [extra]
+        eos = next((i for i, tok in enumerate(emitted) if tok in self.dec.eos_ids), None)
+        if eos is not None:
+            emitted = emitted[: eos + 1]
+            if eos < n:  # EOS among the accepted drafts: the rest of the step never happened, so the drafts
+                # after it were never tested and do not count as drafted (or rejected), nor does the extra.
+                n = eos + 1
+                drafted, p, q, r = drafted[:n], p[:n], q[:n], r[:n]
+                rejected, extra = False, None
+        self.tokens.extend(emitted)
+        if eos is not None:
+            self._finish("eos")
+        elif len(self.generated) >= self.max_new_tokens:
+            self._finish("length")
+        elif self.dec.context_len and len(self.tokens) >= self.dec.context_len:
+            self._finish("context")
+        return StepResult(
             step=self.summary.steps,
             run=self.summary.run,
-            k=self.k if self.draft_cache is not None else 0,
+            k=self.k if speculative else 0,
             drafted=drafted,
             q=q,
             p=p,
             # DESIGN: r is null whenever a speculative run is greedy; an autoregressive step has r = []
-            r=None if greedy and self.draft_cache is not None else (r if k else []),
+            r=None if greedy and speculative else (r if drafted else []),
             accepted=n,
             rejected_at=n if rejected else None,
             resampled=extra if rejected else None,
-            residual_top=[[int(i), pr] for i, pr in zip(top_ids, top_probs)] if rejected else None,
-            bonus=None if rejected else extra,
-            emitted=drafted[:n] + [extra],
+            residual_top=decision.residual_top if rejected else None,
+            bonus=extra if not rejected else None,
+            emitted=emitted,
+            tokens=self._texts(len(emitted)),
+            stop_reason=self.stop_reason,
+            source=list(proposal.source) if proposal is not None and proposal.source else None,
         )
-        self._apply_stops(result)
-        self.tokens.extend(result.emitted)
-        result.tokens = self._texts(len(result.emitted))
-        if not self.done:
-            if len(self.generated) >= self.max_new_tokens:
-                self._finish("length")
-            elif self.dec.context_len and len(self.tokens) >= self.dec.context_len:
-                self._finish("context")
-        result.stop_reason = self.stop_reason
-        return result
-
-    def _apply_stops(self, result: StepResult) -> None:
-        """Cut the step at the first EOS; tokens after it are dropped, and with them the resample/bonus."""
-        for i, tok in enumerate(result.emitted):
-            if tok in self.dec.eos_ids:
-                if i < result.accepted:  # EOS among the accepted drafts: the rest of the step never happened,
-                    # so the drafts after it were never tested and do not count as drafted (or rejected).
-                    result.accepted = i + 1
-                    result.drafted, result.q, result.p = result.drafted[: i + 1], result.q[: i + 1], result.p[: i + 1]
-                    if result.r is not None:
-                        result.r = result.r[: i + 1]
-                    result.rejected_at = result.resampled = result.residual_top = result.bonus = None
-                result.emitted = result.emitted[: i + 1]
-                self._finish("eos")
-                return
 
     def _texts(self, count: int) -> list[str]:
-        """Text of each of the last `count` tokens, decoded in context so leading spaces and multi-byte
-        characters come out right (a piece of an unfinished UTF-8 character shows as U+FFFD)."""
+        """Text of each of the last `count` tokens, decoded in context (detok.piece_in_context)."""
         decode = self.dec.target.tokenizer.decode
-        out = []
-        for i in range(len(self.tokens) - count, len(self.tokens)):
-            start = max(0, i - 6)
-            out.append(decode(self.tokens[start : i + 1])[len(decode(self.tokens[start:i])) :])
-        return out
+        return [piece_in_context(decode, self.tokens[max(0, i - CONTEXT): i], self.tokens[i])
+                for i in range(len(self.tokens) - count, len(self.tokens))]
 
     def _finish(self, reason: str) -> None:
         self.done = True
         self.stop_reason = reason
         self.summary.stop_reason = reason
+
+
+class Decision:
+    """The step's decision, moved to the host in ONE transfer: the parts are packed into one tensor
+    and split again by the sizes the parts themselves declare (r has k entries, or none when greedy)."""
+
+    FIELDS = ("accepted", "extra", "drafted", "p", "q", "r", "top_ids", "top_probs")
+
+    def __init__(self, values: dict[str, list[float]]):
+        self.accepted = int(values["accepted"][0])
+        self.extra = int(values["extra"][0])
+        self.drafted = [int(x) for x in values["drafted"]]
+        self.p, self.q, self.r = values["p"], values["q"], values["r"]
+        self.residual_top = [[int(i), pr] for i, pr in zip(values["top_ids"], values["top_probs"])]
+
+    @classmethod
+    def from_device(cls, n, extra, d, px, qx, r, top_ids, top_probs) -> Decision:
+        parts = dict(zip(cls.FIELDS, (n.view(1), extra.view(1), d, px, qx, r, top_ids, top_probs)))
+        sizes = [part.numel() for part in parts.values()]
+        flat = torch.cat([t.reshape(-1).to(torch.float64) for t in parts.values()]).tolist()  # the one transfer
+        values, pos = {}, 0
+        for name, size in zip(parts, sizes):
+            values[name] = flat[pos: pos + size]
+            pos += size
+        return cls(values)
+
+

@@ -7,7 +7,7 @@ names and meanings; add fields only.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 from specview.metrics import Counts
 
@@ -35,6 +35,9 @@ class StepResult:
     memory_mb: dict[str, float | None] = field(default_factory=dict)  # rss, device_allocated, device_reserved, device_peak
     k: int = 0  # K asked for this step (may exceed len(drafted) near N or the context end)
     run: int = 0
+    source: list[int] | None = None  # n-gram drafts: [start, end) of the copied span in the run's tokens
+    drafter: str | None = None  # the drafter's spec, when a session has several
+    timing: object = field(default=None, repr=False, compare=False)  # timing.StepTiming; not in the JSON
 
     def origins(self) -> list[str]:
         """Where each emitted token came from: "accepted" draft tokens, then the "resampled" token after
@@ -45,9 +48,11 @@ class StepResult:
         return out
 
     def to_json(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "timing"}
+        if d["drafter"] is None:
+            del d["drafter"]  # only sessions with several drafters name it per step
         d["type"] = "step"
-        return _clean(d)
+        return _clean(d)  # (_clean builds new lists and dicts: the record shares nothing with the step)
 
 
 @dataclass

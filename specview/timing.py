@@ -15,7 +15,7 @@ moment, so layernorm splits into its draft and verify parts without the hook kno
 from __future__ import annotations
 
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
@@ -29,7 +29,6 @@ NESTED_PHASES = ("softmax", "layernorm")
 FORWARD_PHASES = ("draft", "verify")  # the two models' forwards; layernorm_ms splits over these
 PHASE_ROWS = ("draft", "verify", "sample", "softmax", "layernorm", "cache", "other")  # display order, nested under their parent
 PHASE_KEYS = PHASES + NESTED_PHASES  # every key of a step's phases_ms
-HISTORY = 256  # step timings kept for a client that reads them a little after the step (the TUI)
 
 
 @dataclass
@@ -55,7 +54,6 @@ class PhaseTimer:
         self.nested_spans: list[tuple[str, str, float, float]] = []  # from nested(): (name, part, start_s, end_s)
         self.parts: dict[str, dict[str, float]] = {}  # nested name -> {enclosing top-level phase: ms}, this step
         self.labels = False  # also open a torch.profiler record_function per phase (--profile-ops)
-        self.history: deque[StepTiming] = deque(maxlen=HISTORY)
         self.last: StepTiming | None = None
         self._stack: list[str] = []  # phases open right now, outermost first
         self._events: list[tuple[str, object, object]] = []
@@ -153,12 +151,4 @@ class PhaseTimer:
             phases.setdefault(name, ms)
         self.last = StepTiming(self._step_t0, t1, wall_ms, self.spans, self.nested_spans,
                                {k: dict(v) for k, v in self.parts.items()})
-        self.history.append(self.last)
         return phases, wall_ms
-
-    def timing_for(self, wall_ms: float) -> StepTiming | None:
-        """The recorded timing of the step whose wall_ms is exactly this (StepResult.wall_ms), if still kept."""
-        for timing in reversed(self.history):
-            if timing.wall_ms == wall_ms:
-                return timing
-        return None

@@ -20,8 +20,8 @@ from specview.drafters.layerskip import (
     parse_skip,
     predicted_speedup,
 )
-from specview.engine import crop_cache
 from specview.errors import SpecviewError
+from specview.kvcache import crop_cache
 
 LAYERS = 6
 VOCAB = 16

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import specview.engine as engine
+from specview.drafters.ngram import NgramDrafter
 from specview.engine import Decoder
 from specview.sampling import probs_from_logits
 from specview.settings import SamplingConfig
@@ -23,12 +24,12 @@ N_TOKENS = 3
 SAMPLES = 3000
 
 
-def exact_joint(target, cfg: SamplingConfig, vocab: int) -> np.ndarray:
+def exact_joint(target, cfg: SamplingConfig, vocab: int, prompt=PROMPT) -> np.ndarray:
     """P(t1, t2, t3 | prompt) under the target, with the same temperature / top-k / top-p, by enumeration."""
     seqs = torch.tensor(list(itertools.product(range(vocab), repeat=N_TOKENS)))
-    ids = torch.cat([torch.tensor(PROMPT).expand(len(seqs), -1), seqs], dim=1)
+    ids = torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], dim=1)
     with torch.no_grad():
-        logits = target.model(ids).logits[:, len(PROMPT) - 1 : -1, :vocab]
+        logits = target.model(ids).logits[:, len(prompt) - 1 : -1, :vocab]
     probs = probs_from_logits(logits, cfg)  # [S, 3, V]
     per_token = probs.gather(-1, seqs.unsqueeze(-1)).squeeze(-1)
     return per_token.prod(dim=1).double().numpy()
@@ -99,4 +100,73 @@ def test_broken_residual_is_detected(small_vocab_pair, monkeypatch):
     monkeypatch.setattr(engine, "residual_distribution", lambda p, q: p)
     exact = exact_joint(target, cfg, 8)
     counts = speculative_counts(target, draft, cfg, k=2, vocab=8, samples=SAMPLES)
+    assert tv(counts, exact) > tv_threshold(exact)
+
+
+# --- every drafter: the same test, the same power ------------------------------------------------
+
+REPEATING = [5, 6, 7, 5, 6]  # a prompt the n-gram lookup finds a match in at once ("5 6" -> "7 5 6")
+
+
+def drafter_counts(target, drafter, cfg, k, vocab, prompt, samples=SAMPLES) -> tuple[np.ndarray, int, int]:
+    """Counts of the first three tokens, and (drafted, rejected) over all runs: the test must see both."""
+    decoder = Decoder(target, drafter, cfg, k=k, seed=99, ignore_eos=True)
+    counts, drafted, rejected = np.zeros(vocab**N_TOKENS), 0, 0
+    for _ in range(samples):
+        run = decoder.start(prompt, N_TOKENS)
+        while not run.done:
+            step = run.step()
+            drafted += len(step.drafted)
+            rejected += step.rejected_at is not None
+        a, b, c = run.generated
+        counts[(a * vocab + b) * vocab + c] += 1
+    return counts, drafted, rejected
+
+
+def skip_drafter(target):
+    from specview.drafters.layerskip import SkipModel
+    from specview.drafters.model import ModelDrafter
+    from specview.models import LoadedModel
+
+    view = SkipModel(target.model, (1,))  # the 2-layer target without its second layer
+    lm = LoadedModel("self:skip=1", view, target.tokenizer, target.device, target.dtype, target.context_len)
+    return ModelDrafter(lm)
+
+
+DRAFTERS = {
+    "ngram": lambda target: NgramDrafter("ngram:max=2,min=1"),
+    "self:skip": skip_drafter,
+}
+
+
+@pytest.mark.parametrize("cfg_name", ["temperature 1", "temperature 0.7, top-k 3"])
+@pytest.mark.parametrize("kind", DRAFTERS)
+def test_every_drafter_keeps_the_target_law(small_vocab_pair, kind, cfg_name):
+    target, _ = small_vocab_pair
+    cfg = CASES[cfg_name]
+    exact = exact_joint(target, cfg, 8, prompt=REPEATING)
+    counts, drafted, rejected = drafter_counts(target, DRAFTERS[kind](target), cfg, k=2, vocab=8, prompt=REPEATING)
+    assert drafted > SAMPLES and rejected > SAMPLES // 10, "the drafter must propose, and be rejected, often"
+    assert tv(counts, exact) < tv_threshold(exact), f"{kind}, {cfg_name}: output is not the target's law"
+
+
+@pytest.mark.parametrize("kind", DRAFTERS)
+def test_every_drafter_test_has_power(small_vocab_pair, kind, monkeypatch):
+    """With the accept rule broken (always accept), the same test rejects each drafter's output."""
+    target, _ = small_vocab_pair
+    cfg = CASES["temperature 1"]
+    monkeypatch.setattr(engine, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
+    exact = exact_joint(target, cfg, 8, prompt=REPEATING)
+    counts, _, _ = drafter_counts(target, DRAFTERS[kind](target), cfg, k=2, vocab=8, prompt=REPEATING)
+    assert tv(counts, exact) > tv_threshold(exact)
+
+
+def test_ngram_residual_removes_the_proposed_token(small_vocab_pair, monkeypatch):
+    """For a one-hot q the residual is p without x; drawing from p instead (x can come back right after
+    its rejection) is caught too."""
+    target, _ = small_vocab_pair
+    cfg = CASES["temperature 1"]
+    monkeypatch.setattr(engine, "residual_distribution", lambda p, q: p)
+    exact = exact_joint(target, cfg, 8, prompt=REPEATING)
+    counts, _, _ = drafter_counts(target, NgramDrafter("ngram:max=2,min=1"), cfg, k=2, vocab=8, prompt=REPEATING)
     assert tv(counts, exact) > tv_threshold(exact)

@@ -20,10 +20,7 @@ skips dummy slots there), `crop` leaves the dummies alone, and a skipped layer t
 would fail loudly (a DummyLayer refuses updates). The target object, its config and its own caches are
 not touched.
 
-Engine: `engine.new_cache(lm)` builds `DynamicCache(config=lm.model.config)`, which the view refuses
-(with a ValueError naming new_cache): to use a SkipModel as the draft, the engine must take its cache
-from `lm.model.new_cache()`. With that one change (tried outside this module), a greedy run with the
-view as draft emits exactly the autoregressive tokens.
+The engine takes a SkipModel's cache from its `new_cache()` (kvcache.new_cache).
 
 Measured on SmolLM2-135M (30 layers): the model is not redundant enough for this to pay off. Skipping
 any single layer already drops teacher-forced greedy agreement to 41-84%; calibrate's best default set

@@ -108,7 +108,7 @@ class ProfileRecorder:
     def add_step(self, step: StepResult) -> None:
         """Keep one step (call it right after step(), before writing the step anywhere): fills
         step.layernorm_ms = {"draft": .., "verify": ..} from the hooks when they are on."""
-        timing = self.timer.timing_for(step.wall_ms)
+        timing = step.timing if step.timing is not None and step.timing.t1 > self.origin else None
         if timing is not None and self.hooks.handles:
             split = timing.parts.get("layernorm", {})
             step.layernorm_ms = {name: split.get(name, 0.0) for name in FORWARD_PHASES}

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from specview.detok import CONTEXT, piece_in_context
 from specview.events import RunSummary, StepResult
 from specview.tui.views import RunInfo, SessionInfo, StepView
 
@@ -159,7 +160,7 @@ class EngineBackend(Backend):
 
 def time_target_token(decoder, prompt_ids: list[int], forwards: int = T_AR_FORWARDS) -> float | None:
     """t_ar: median wall time of one-token target forwards after the prompt (prefill excluded)."""
-    from specview.engine import new_cache
+    from specview.kvcache import new_cache
 
     target = decoder.target
     if decoder.context_len:
@@ -178,14 +179,14 @@ def time_target_token(decoder, prompt_ids: list[int], forwards: int = T_AR_FORWA
     return statistics.median(times[1:])
 
 
-def token_texts(decode, before: list[int], step: StepResult, context: int = 6) -> dict[int, str]:
-    """Text of each id the step mentions, decoded after the tokens it follows (leading spaces and
-    multi-byte pieces come out as in the output)."""
-    ctx = list(before[-context:])
+def token_texts(decode, before: list[int], step: StepResult) -> dict[int, str]:
+    """Text of each id the step mentions, decoded after the tokens it follows (detok.piece_in_context:
+    leading spaces and multi-byte pieces come out as in the output)."""
+    ctx = list(before[-CONTEXT:])
     out: dict[int, str] = {}
 
     def piece(prefix: list[int], tok: int) -> str:
-        return decode(prefix + [tok])[len(decode(prefix)) :]
+        return piece_in_context(decode, prefix, tok, context=0)
 
     for i, tok in enumerate(step.drafted):
         out.setdefault(tok, piece(ctx + step.drafted[:i], tok))

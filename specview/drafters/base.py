@@ -1,0 +1,27 @@
+"""What every drafter hands the engine. The engine's verify, accept test, residual and bonus are the same
+for every drafter (DESIGN "Drafters"), so a drafter only proposes:
+
+    state = drafter.new_state()                    # per run: a KV cache, or None
+    drafter.prefill(dec, state, prompt[:-1])       # the first step of a run
+    proposal = drafter.propose(dec, state, tokens, k)   # up to k tokens and the q rows they came from
+    drafter.rollback(state, keep)                  # after the step: forget positions past `keep`
+
+A deterministic proposal (n-gram lookup) has one-hot q rows: accept with probability p(x), and on
+rejection the residual max(0, p - q) is p with x removed. An empty proposal makes a plain target step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [n] drafted ids on the device, n <= k (0: nothing to propose)
+    q: torch.Tensor  # [n, V] the distribution each token was drawn from
+    source: tuple[int, int] | None = None  # n-gram: [start, end) of the copied span in the tokens so far
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
