@@ -31,6 +31,7 @@ def start_event(session: Session, method: str, num_runs: int) -> dict:
     return {
         "type": "start", "schema": EVENTS_SCHEMA, "target": s.target,
         "draft": s.draft if method == "speculative" else None, "method": method, "k": s.k,
+        "drafter": session.drafters[0].spec if method == "speculative" and session.drafters else None,
         "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed, "num_runs": num_runs,
         "device": str(session.device), "threads": session.meta()["threads"], "prompt_ids": session.prompt_ids,
         "max_new_tokens": s.max_new_tokens, "prompt": s.prompt,
@@ -94,6 +95,8 @@ def run_command(args) -> int:
             with stop.immediately():  # nothing to save yet: a signal interrupts the load at once
                 session = open_session(settings, (lambda msg: status.update(msg + "…")) if status else None,
                                        with_draft=method == "speculative")
+        for note in session.notes:  # e.g. which layers self:auto chose to skip
+            err_console.print(note, soft_wrap=True, highlight=False)
         recorder = None
         if profiling:
             from specview.profiling.recorder import ProfileRecorder

@@ -6,13 +6,16 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from specview.drafters.specs import build as build_drafter
+from specview.drafters.specs import kind as drafter_kind
+from specview.drafters.specs import split_specs
 from specview.engine import Decoder
 from specview.errors import SpecviewError
-from specview.models import LoadedModel, load_pair, resolve_device
+from specview.models import LoadedModel, check_same_vocab, load_model, resolve_device
 from specview.settings import Settings
 from specview.timing import PhaseTimer
 
@@ -21,16 +24,24 @@ from specview.timing import PhaseTimer
 class Session:
     settings: Settings
     target: LoadedModel
-    draft: LoadedModel | None
+    drafters: list  # one per --draft spec, in order (drafters/); empty for the target alone
     prompt_ids: list[int]
     device: torch.device
     load_s: float
+    notes: list[str] = field(default_factory=list)  # what loading chose and wants said (self:auto's choice)
 
-    def decoder(self, method: str = "speculative", timer: PhaseTimer | None = None) -> Decoder:
+    @property
+    def draft(self) -> LoadedModel | None:
+        """The first draft model among the drafters (None: n-gram lookup only, or the target alone)."""
+        return next((d.lm for d in self.drafters if getattr(d, "lm", None) is not None), None)
+
+    def decoder(self, method: str = "speculative", timer: PhaseTimer | None = None, drafter=None) -> Decoder:
+        """A Decoder for `method`: speculative with `drafter` (default: the first), autoregressive (the
+        target alone) or draft_autoregressive (the first drafter's model alone)."""
         s = self.settings
-        draft = self.draft if method == "speculative" else None
+        drafter = (drafter or (self.drafters[0] if self.drafters else None)) if method == "speculative" else None
         target = self.draft if method == "draft_autoregressive" else self.target
-        return Decoder(target, draft, s.sampling, k=s.k, seed=s.seed,
+        return Decoder(target, drafter, s.sampling, k=s.k, seed=s.seed,
                        timer=timer or PhaseTimer(self.device), ignore_eos=s.ignore_eos)
 
     def meta(self) -> dict:
@@ -47,6 +58,7 @@ class Session:
             "threads": torch.get_num_threads(),
             "target_dtype": str(self.target.dtype).removeprefix("torch."),
             "draft_dtype": str(self.draft.dtype).removeprefix("torch.") if self.draft else None,
+            "drafter": ",".join(d.spec for d in self.drafters) or None,  # DESIGN "Drafters": the spec
             "prompt_ids": self.prompt_ids,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
@@ -78,8 +90,8 @@ def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
     return list(ids)
 
 
-def check_context(target: LoadedModel, draft: LoadedModel | None, prompt_len: int, max_new_tokens: int) -> None:
-    limits = [(m.context_len, m.spec) for m in (target, draft) if m is not None and m.context_len]
+def check_context(models: list[LoadedModel], prompt_len: int, max_new_tokens: int) -> None:
+    limits = [(m.context_len, m.spec) for m in models if m is not None and m.context_len]
     if not limits:
         return
     limit, spec = min(limits)
@@ -92,11 +104,31 @@ def check_context(target: LoadedModel, draft: LoadedModel | None, prompt_len: in
 
 def open_session(settings: Settings, on_progress: Callable[[str], None] | None = None,
                  with_draft: bool = True) -> Session:
+    """Load the target and every drafter of `settings.draft` (a spec or a comma-separated list; DESIGN
+    "Drafters"), tokenize the prompt, check vocabularies and context. Bad specs fail before any load."""
+    say = on_progress or (lambda msg: None)
+    specs = split_specs(settings.draft) if with_draft else []
+    kinds = [drafter_kind(spec) for spec in specs]  # an unknown kind fails here, before the load
     if settings.threads:
         torch.set_num_threads(settings.threads)
     device = resolve_device(settings.device)
     t0 = time.perf_counter()
-    target, draft = load_pair(settings.target, settings.draft if with_draft else None, device, on_progress)
+    loaded: dict = {}  # one load per source: the default pair's bfloat16 draft is a copy of the target
+    say(f"loading target {settings.target}")
+    target = load_model(settings.target, device, loaded)
     prompt_ids = encode_prompt(target.tokenizer, settings.prompt, settings.chat)
-    check_context(target, draft, len(prompt_ids), settings.max_new_tokens)
-    return Session(settings, target, draft, prompt_ids, device, time.perf_counter() - t0)
+    notes: list[str] = []
+
+    def load_draft(spec: str) -> LoadedModel:
+        say(f"loading draft {spec}")
+        draft = load_model(spec, device, loaded)
+        check_same_vocab(target, draft)
+        return draft
+
+    def note(msg: str) -> None:
+        notes.append(msg)
+        say(msg)
+
+    drafters = [build_drafter(spec, target, load_draft, prompt_ids, note) for spec, _ in zip(specs, kinds)]
+    check_context([target] + [getattr(d, "lm", None) for d in drafters], len(prompt_ids), settings.max_new_tokens)
+    return Session(settings, target, drafters, prompt_ids, device, time.perf_counter() - t0, notes)

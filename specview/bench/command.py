@@ -24,7 +24,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from specview.bench.methods import DRAFTING, PEERS, make_methods
+from specview.bench.methods import PEERS, drafting, make_methods
 from specview.bench.metrics import (
     method_stats,
     predict,
@@ -35,7 +35,7 @@ from specview.bench.metrics import (
     sweep_inputs,
 )
 from specview.bench.schema import BENCH_SCHEMA, METHOD_ORDER
-from specview.bench.tables import render
+from specview.bench.tables import ordered, render
 from specview.errors import SpecviewError
 from specview.files import write_json_atomic
 from specview.options import Parser, add_run_options, number_type
@@ -117,8 +117,8 @@ def _bench(args, stop: Stop) -> int:
         torch.manual_seed(settings.seed)  # the peers sample from torch's global generator
         generator = torch.Generator(device=session.device).manual_seed(settings.seed)
         methods = make_methods(session, args.peer, generator, stop)
-        plan = [(name, k if name in DRAFTING else None) for name in methods
-                for k in (ks if name in DRAFTING else [None])]
+        plan = [(name, k if drafting(name) else None) for name in methods
+                for k in (ks if drafting(name) else [None])]
         task = progress.add_task("warm-up", total=len(plan) * (1 + args.num_runs))
 
         def on_run(label: str | None) -> None:  # a label before each run, None after it
@@ -195,45 +195,88 @@ def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
         bad = [x for x in results if not x["same"]]
         return bad[0] if bad else results[0]
 
-    entries = []
-    for k in ks:
-        spec = records[("speculative", k)]
-        entry = speculative_metrics(k, spec, ar)
-        entry["methods"] = {"speculative": method_stats(spec, ar_mean)}
-        entry["same_tokens"] = {"speculative": check("speculative", k)}
-        if ("hf_assisted", k) in records:
-            entry["methods"]["hf_assisted"] = method_stats(records[("hf_assisted", k)], ar_mean)
-            entry["same_tokens"]["hf_assisted"] = check("hf_assisted", k)
-        entry.update(sweep_inputs(spec))
-        entries.append(entry)
-    if args.sweep_k:
-        predict(entries)
-    main = next(e for e in entries if e["k"] == s.k)
-    methods = {}
+    drafters = methods_drafters(session)
+    labels = {m: d.spec for m, d in drafters.items()}  # speculative method -> drafter spec
+    peers_of = {label: peer_of(session, d) for label, d in drafters.items()}  # the peer doing the same work
+    per_drafter = {}
+    for label in labels:
+        entries = []
+        for k in ks:
+            spec = records[(label, k)]
+            entry = speculative_metrics(k, spec, ar)
+            entry["methods"] = {label: method_stats(spec, ar_mean)}
+            entry["same_tokens"] = {label: check(label, k)}
+            peer = peers_of[label]
+            if (peer, k) in records:
+                entry["methods"][peer] = method_stats(records[(peer, k)], ar_mean)
+                entry["same_tokens"][peer] = check(peer, k)
+            entry.update(sweep_inputs(spec))
+            entries.append(entry)
+        if args.sweep_k:
+            predict(entries)
+        per_drafter[label] = entries
+    first = per_drafter["speculative"]
+    main = next(e for e in first if e["k"] == s.k)
+    methods, same = {}, {}
+    for entries in per_drafter.values():
+        at_k = next(e for e in entries if e["k"] == s.k)
+        methods.update(at_k["methods"])
+        same.update(at_k["same_tokens"])
     for name in METHOD_ORDER:
-        if name in main["methods"]:
-            methods[name] = main["methods"][name]
-        elif (name, None) in records:
+        if name not in methods and (name, None) in records:
             methods[name] = method_stats(records[(name, None)], ar_mean)
-    same = {name: check(name, None) for name in ("hf_generate",) if (name, None) in records}
-    same.update(main["same_tokens"])
+    if ("hf_generate", None) in records:
+        same["hf_generate"] = check("hf_generate", None)  # (draft_autoregressive is the draft's law, not checked)
+    methods = {name: methods[name] for name in ordered(methods)}
+    for label, spec in labels.items():
+        methods[label]["drafter"] = spec
     config = {**s.to_json(), "num_runs": args.num_runs, "peer": args.peer,
               "sweep_k": ",".join(map(str, args.sweep_k)) if args.sweep_k else None,
               "prompt_tokens": len(session.prompt_ids)}
     doc = {"schema": BENCH_SCHEMA, "config": config, "methods": methods}
     doc.update({key: value for key, value in public(main).items() if key not in ("methods", "same_tokens")})
     doc["same_tokens"] = same if greedy else None
+    # Every drafter's metrics at the main K (the top level repeats the first drafter's, as before).
+    doc["drafters"] = {
+        labels[label]: {key: value for key, value in public(next(e for e in entries if e["k"] == s.k)).items()
+                        if key not in ("methods", "same_tokens")} | {"method": label}
+        for label, entries in per_drafter.items()
+    }
     tps = {name: m.get("tokens_per_s") for name, m in methods.items()}
-    doc["peer_ratios"] = {  # tokens/s of ours over the peer doing the same work
-        "speculative_over_hf_assisted": _over(tps.get("speculative"), tps.get("hf_assisted")),
-        "autoregressive_over_hf_generate": _over(tps.get("autoregressive"), tps.get("hf_generate")),
-    } if args.peer else None
+    if args.peer:  # tokens/s of ours over the peer doing the same work
+        ratios = {"autoregressive_over_hf_generate": _over(tps.get("autoregressive"), tps.get("hf_generate"))}
+        for label, peer in peers_of.items():
+            if peer in tps:
+                name = "speculative" if label == "speculative" else labels[label]
+                ratios[f"{name}_over_{peer}"] = _over(tps[label], tps[peer])
+        doc["peer_ratios"] = ratios
+    else:
+        doc["peer_ratios"] = None
     if args.sweep_k:
-        doc["sweep"] = [public(e) for e in entries if e["k"] in args.sweep_k]
-        doc["recommended_k"] = recommend([e for e in entries if e["k"] in args.sweep_k])
+        doc["sweep"] = [public(e) for e in first if e["k"] in args.sweep_k]
+        doc["recommended_k"] = recommend([e for e in first if e["k"] in args.sweep_k])
+        for label, entries in per_drafter.items():
+            swept = [e for e in entries if e["k"] in args.sweep_k]
+            doc["drafters"][labels[label]]["sweep"] = [public(e) for e in swept]
+            doc["drafters"][labels[label]]["recommended_k"] = recommend(swept)
     doc["meta"] = {**session.meta(), "load_avg": {"start": list(load_start), "end": list(os.getloadavg())},
                    "load_s": session.load_s}
     return json.loads(json.dumps(doc, allow_nan=False))  # fail here, not halfway through a write
+
+
+def peer_of(session, drafter) -> str | None:
+    """The peer that does a drafter's work: HF prompt lookup for ngram, assisted generation for the draft
+    model it uses (session.draft)."""
+    if drafter.spec.startswith("ngram"):
+        return "hf_prompt_lookup"
+    lm = getattr(drafter, "lm", None)
+    return "hf_assisted" if lm is not None and lm is session.draft else None
+
+
+def methods_drafters(session) -> dict:
+    """Speculative method name -> its drafter: `speculative` is the first drafter (the bench file's top
+    level describes it), `speculative:<spec>` each other one."""
+    return {("speculative" if i == 0 else f"speculative:{d.spec}"): d for i, d in enumerate(session.drafters)}
 
 
 def _over(a: float | None, b: float | None) -> float | None:

@@ -21,9 +21,12 @@ from specview.engine import eos_token_ids
 from specview.events import RunSummary
 from specview.stopping import Stop
 
-OURS = ("autoregressive", "speculative", "draft_autoregressive")
-PEERS = {"hf": ("hf_generate", "hf_assisted")}
-DRAFTING = ("speculative", "hf_assisted")  # methods whose work depends on K
+PEERS = {"hf": ("hf_generate", "hf_assisted", "hf_prompt_lookup")}
+
+
+def drafting(name: str) -> bool:
+    """Methods whose work depends on K."""
+    return name.startswith("speculative") or name in ("hf_assisted", "hf_prompt_lookup")
 
 
 @dataclass
@@ -53,13 +56,15 @@ class RunRecord:
 
 
 class EngineMethod:
-    """One of our three methods on a Decoder; K is set per call (the sweep shares one decoder)."""
+    """One of our methods on a Decoder; K is set per call (the sweep shares one decoder). Speculative
+    decoding is one method per drafter: `speculative` for the first, `speculative:<spec>` for the others."""
 
-    def __init__(self, session, method: str, generator: torch.Generator, stop: Stop):
-        self.name = method
+    def __init__(self, session, method: str, generator: torch.Generator, stop: Stop, drafter=None):
+        self.name = method if drafter is None or drafter is session.drafters[0] else f"speculative:{drafter.spec}"
+        self.drafter = drafter
         self.session = session
         self.stop = stop
-        self.decoder = session.decoder(method)
+        self.decoder = session.decoder(method, drafter=drafter)
         self.decoder.generator = generator  # one generator for the whole command (DESIGN: seeded once)
 
     def run(self, k: int | None = None) -> RunRecord:
@@ -72,18 +77,21 @@ class EngineMethod:
         while not run.done and not self.stop:
             steps.append(run.step())
         wall = time.perf_counter() - t0
-        return RunRecord(self.name, k if self.name == "speculative" else None, wall, list(run.generated),
+        return RunRecord(self.name, k if self.drafter is not None else None, wall, list(run.generated),
                          run.summary, steps)
 
 
 class HFMethod:
-    """transformers' generate() on the same models: alone (hf_generate) or assisted by the draft."""
+    """transformers' generate() on the same models: alone (hf_generate), assisted by the draft model
+    (hf_assisted), or with its prompt lookup (hf_prompt_lookup, beside our ngram drafter: same K, same
+    longest n-gram)."""
 
-    def __init__(self, session, assisted: bool, stop: Stop):
-        self.name = "hf_assisted" if assisted else "hf_generate"
+    def __init__(self, session, assisted: bool, stop: Stop, lookup=None):
+        self.name = "hf_prompt_lookup" if lookup else "hf_assisted" if assisted else "hf_generate"
         self.session = session
         self.stop = stop
         self.assisted = assisted
+        self.lookup = lookup  # the NgramDrafter whose work this peer does
         self.target = session.target.model
         self.draft = session.draft.model if assisted else None
         self.input_ids = torch.tensor([session.prompt_ids], dtype=torch.long, device=session.device)
@@ -96,6 +104,9 @@ class HFMethod:
         if self.assisted:
             set_assistant_knobs(self.draft, k or self.session.settings.k)
             kwargs["assistant_model"] = self.draft
+        if self.lookup is not None:
+            kwargs.update(prompt_lookup_num_tokens=k or self.session.settings.k,
+                          max_matching_ngram_size=self.lookup.max_n)
         with quiet_transformers(), no_eos(self.target, self.draft, self.session.settings.ignore_eos):
             t0 = time.perf_counter()
             out = self.target.generate(self.input_ids, attention_mask=self.attention_mask,
@@ -103,7 +114,7 @@ class HFMethod:
                                        **kwargs)
             wall = time.perf_counter() - t0
         ids = out[0, self.input_ids.shape[1]:].tolist()
-        return RunRecord(self.name, k if self.assisted else None, wall, ids)
+        return RunRecord(self.name, k if self.assisted or self.lookup else None, wall, ids)
 
 
 def generation_config(session):
@@ -183,10 +194,24 @@ class _StopCriterion(StoppingCriteria):
 
 
 def make_methods(session, peer: str | None, generator: torch.Generator, stop: Stop | None = None) -> dict:
-    """name -> method object, in table order. `stop` ends a run at its next step (bench's signals)."""
+    """name -> method object, in table order: autoregressive, one speculative method per drafter,
+    draft_autoregressive (when the first model drafter exists), then the peers that do the same work as
+    one of ours (hf_assisted needs a draft model, hf_prompt_lookup an ngram drafter).
+    `stop` ends a run at its next step (bench's signals)."""
+    from specview.drafters.ngram import NgramDrafter
+
     stop = Stop() if stop is None else stop  # (a Stop is falsy until requested)
-    methods = {name: EngineMethod(session, name, generator, stop) for name in OURS}
+    methods = {"autoregressive": EngineMethod(session, "autoregressive", generator, stop)}
+    for drafter in session.drafters:
+        method = EngineMethod(session, "speculative", generator, stop, drafter)
+        methods[method.name] = method
+    if session.draft is not None:
+        methods["draft_autoregressive"] = EngineMethod(session, "draft_autoregressive", generator, stop)
     if peer:
         methods["hf_generate"] = HFMethod(session, assisted=False, stop=stop)
-        methods["hf_assisted"] = HFMethod(session, assisted=True, stop=stop)
+        if session.draft is not None:
+            methods["hf_assisted"] = HFMethod(session, assisted=True, stop=stop)
+        ngram = next((d for d in session.drafters if isinstance(d, NgramDrafter)), None)
+        if ngram is not None:
+            methods["hf_prompt_lookup"] = HFMethod(session, assisted=False, stop=stop, lookup=ngram)
     return methods

@@ -31,9 +31,10 @@ def render(doc: dict) -> Group:
     parts = [Text(head, style="bold"), Text(machine, style="dim") if meta else Text(""), methods_table(doc)]
     ratios = doc.get("peer_ratios")
     if ratios:
-        parts.append(Text(f"tokens/s over the peer doing the same work: speculative / hf_assisted "
-                          f"{fmt(ratios['speculative_over_hf_assisted'], '{:.2f}x')}, autoregressive / "
-                          f"hf_generate {fmt(ratios['autoregressive_over_hf_generate'], '{:.2f}x')}"))
+        said = ", ".join(f"{name.replace('_over_', ' / ')} {fmt(value, '{:.2f}x')}" for name, value in ratios.items())
+        parts.append(Text(f"tokens/s over the peer doing the same work: {said}"))
+    if len(doc.get("drafters") or {}) > 1:
+        parts.append(drafters_table(doc))
     parts.append(metrics_table(doc))
     if doc.get("sweep"):
         parts.append(sweep_table(doc))
@@ -52,7 +53,9 @@ def methods_table(doc: dict) -> Table:
     base = (methods.get("autoregressive") or {}).get("mean_s")
     for name in ordered(methods):
         m = methods[name] if isinstance(methods[name], dict) else {}
-        k = f" (K={doc.get('k')})" if name in ("speculative", "hf_assisted") else ""
+        drafter = f"{m['drafter']}, " if m.get("drafter") else ""
+        k = f" ({drafter}K={doc.get('k')})" if name.startswith("speculative") or name in ("hf_assisted", "hf_prompt_lookup") else ""
+        name = "speculative" if m.get("drafter") else name
         speedup = m.get("speedup", ratio(base, m.get("mean_s")))
         table.add_row(name + k, fmt(m.get("mean_s"), "{:.3f}"), fmt(m.get("std_s"), "{:.3f}"),
                       fmt(m.get("tokens_per_s"), "{:.1f}"), fmt(speedup, "{:.2f}x"), _same(same, name))
@@ -70,8 +73,26 @@ def _same(same: dict | None, name: str) -> str:
     return "yes" if result["same"] else f"no (from token {result['first_difference']})"
 
 
+def drafters_table(doc: dict) -> Table:
+    """Every drafter at the main K, side by side (DESIGN "Metrics" for each column)."""
+    table = Table(title=f"drafters side by side at K={doc.get('k')}", title_justify="left",
+                  caption="c = draft cost per drafted token / t_ar; theoretical = E / (K c + v); speedup measured "
+                          "against autoregressive; efficiency = measured / theoretical", caption_justify="left")
+    for col in ("drafter", "accept", "alpha", "E", "c", "v", "theoretical", "tokens/s", "speedup", "efficiency"):
+        table.add_column(col, justify="left" if col == "drafter" else "right")
+    methods = doc.get("methods") or {}
+    for spec, d in doc["drafters"].items():
+        tps = (methods.get(d.get("method")) or {}).get("tokens_per_s")
+        table.add_row(spec, fmt(d.get("acceptance_rate"), "{:.0%}"), fmt(d.get("alpha"), "{:.3f}"),
+                      fmt(d.get("mean_emitted_per_step")), fmt(d.get("cost_ratio"), "{:.3f}"),
+                      fmt(d.get("verify_cost_ratio")), fmt(d.get("theoretical_speedup"), "{:.2f}x"),
+                      fmt(tps, "{:.1f}"), fmt(d.get("speedup"), "{:.2f}x"), fmt(d.get("efficiency"), "{:.0%}"))
+    return table
+
+
 def metrics_table(doc: dict) -> Table:
-    table = Table(title=f"speculative decoding at K={doc.get('k')}", title_justify="left", show_header=False)
+    first = next(iter(doc.get("drafters") or {}), None)
+    table = Table(title=f"speculative decoding at K={doc.get('k')}" + (f" with {first}" if first else ""), title_justify="left", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
     table.add_column(style="dim")
@@ -126,7 +147,10 @@ def sweep_table(doc: dict) -> Table:
 
 
 def ordered(methods: dict) -> list[str]:
-    return [m for m in METHOD_ORDER if m in methods] + [m for m in methods if m not in METHOD_ORDER]
+    """autoregressive, then our speculative methods (one per drafter), then the rest in METHOD_ORDER."""
+    names = [m for m in methods if m == "autoregressive"] + [m for m in methods if m.startswith("speculative")]
+    names += [m for m in METHOD_ORDER if m in methods and m not in names]
+    return names + [m for m in methods if m not in names]
 
 
 COMPARED = (("acceptance rate", "acceptance_rate", "{:.1%}"), ("alpha", "alpha", "{:.3f}"),

@@ -43,6 +43,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DummyLayer
 
 from specview.errors import SpecviewError
+from specview.metrics import expected_tokens_per_step, speedup
 
 # (attribute of the CausalLM holding the decoder, attribute of the decoder holding its layer list)
 LAYOUTS = (("model", "layers"), ("transformer", "h"))
@@ -255,18 +256,10 @@ def default_candidates(num_layers: int) -> list[tuple[int, ...]]:
     return [s for s in out if s and not (s in seen or seen.add(s))]
 
 
-def expected_tokens(a: float, k: int) -> float:
-    """E(K) = (1 - a^(K+1)) / (1 - a): tokens per draft-and-verify step when each draft token is accepted
-    independently with probability a (Leviathan et al. 2023); K+1 at a = 1."""
-    if a >= 1.0:
-        return float(k + 1)
-    return (1.0 - a ** (k + 1)) / (1.0 - a)
-
-
 def predicted_speedup(a: float, c: float, k: int) -> float:
-    """E(K) / (K c + 1): tokens per step over the step's cost in full-model forwards (K drafts at cost c
-    each, one verify counted as one forward; sampling and bookkeeping are ignored)."""
-    return expected_tokens(a, k) / (k * c + 1.0)
+    """E(K) / (K c + 1) (metrics.speedup with v = 1): tokens per step over the step's cost in full-model
+    forwards (K drafts at cost c each, one verify counted as one forward; overhead ignored)."""
+    return speedup(expected_tokens_per_step(a, k), k, c, 1.0)
 
 
 def param_cost(model: nn.Module, skip: tuple[int, ...]) -> float:
@@ -373,7 +366,7 @@ def calibrate(
             "cost": c,
             "cost_layers": c_layers,
             "cost_params": c_params,
-            "expected_tokens": expected_tokens(a, k),
+            "expected_tokens": expected_tokens_per_step(a, k),
             "speedup": predicted_speedup(a, c, k),
         })
     t2 = time.perf_counter()
