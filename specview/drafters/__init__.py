@@ -1,0 +1,1 @@
+"""Draft models derived from a target (cheaper copies of the same weights)."""
