@@ -1,0 +1,153 @@
+"""A weight-only int4 copy of a model: every layer matrix as 4-bit codes, run by torch's own int4 kernel.
+
+Decoding reads every weight once per forward, so 4-bit weights are a cheap draft made from the target
+itself. The kernel is `aten._weight_int4pack_mm_for_cpu` (what torchao's Int4CPULayout calls; torchao
+is not needed): activations bfloat16 [M, K], weights packed from int32 codes [N, K] in 0..15, and
+`scales_and_zeros` [K / group, N, 2] in bfloat16, one (scale, zero) per group of `group` consecutive
+input features of an output row; it computes w = (q - 8) * scale + zero. Shape rules, CPU (checked on
+torch 2.13): group in {32, 64, 128, 256}, K a multiple of group, N a multiple of 16.
+
+Quantization is asymmetric min/max per group: d = (max - min) / 15, q = round((w - min) / d), scale = d,
+zero = min + 8 d. The bundled SmolLM2 GGUF stores its layer matrices as Q4_1 blocks of 32 (w = d q + m,
+q = 0 and q = 15 both present in each block), so min/max of transformers' float32 dequantization are
+m and m + 15 d, and requantizing recovers the GGUF's own codes; only scale and zero get rounded to
+bfloat16. Checked on the bundled model (gguf's GGUFReader, q/k rows put back in llama.cpp's rotary
+order): the claim holds, the codes equal the GGUF's in all 210 layer matrices, every one of the 3.3M
+blocks has both q = 0 and q = 15, and the bfloat16 scales are within 0.4% of the GGUF's float16 d.
+
+CUDA has the same math as `aten._weight_int4pack_mm` (tinygemm, compute capability 8.0+, weights
+packed from uint8 [N, K / 2], even index in the high nibble). That branch is small and untested here
+(no GPU on the machine this was written on). MPS and other devices raise SpecviewError.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from specview.errors import SpecviewError
+
+GROUP_SIZE = 32
+GROUP_SIZES = (32, 64, 128, 256)  # the kernels accept no others
+N_MULTIPLE = {"cpu": 16, "cuda": 8}  # the CPU packer works on 16 output rows at a time; tinygemm on 8
+aten = torch.ops.aten
+
+
+def quantize(weight: torch.Tensor, group_size: int = GROUP_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] (float) -> (codes int32 [N, K] in 0..15, scales_and_zeros bfloat16 [K / group, N, 2])."""
+    n, k = weight.shape
+    w = weight.detach().float().reshape(n, k // group_size, group_size)
+    lo, hi = w.amin(dim=-1, keepdim=True), w.amax(dim=-1, keepdim=True)
+    d = (hi - lo) / 15
+    # A group of equal weights has d = 0: code 0 and zero = min reproduce it exactly (no 0/0).
+    steps = torch.where(d > 0, (w - lo) / torch.where(d > 0, d, 1.0), 0.0)
+    codes = steps.round().clamp(0, 15).to(torch.int32).reshape(n, k)
+    scales_and_zeros = torch.cat([d, lo + 8 * d], dim=-1).transpose(0, 1)  # [K / group, N, 2]
+    return codes, scales_and_zeros.to(torch.bfloat16).contiguous()
+
+
+def dequantize(codes: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int = GROUP_SIZE) -> torch.Tensor:
+    """What the kernel multiplies by, in float32: w = (q - 8) * scale + zero, [N, K]."""
+    n, k = codes.shape
+    sz = scales_and_zeros.float().transpose(0, 1)  # [N, K / group, 2]
+    q = codes.float().reshape(n, k // group_size, group_size)
+    return ((q - 8) * sz[..., :1] + sz[..., 1:]).reshape(n, k)
+
+
+def _pack(codes: torch.Tensor) -> torch.Tensor:
+    if codes.device.type == "cuda":  # untested here: no GPU
+        k = codes.shape[1]
+        tiles = next(t for t in (8, 4, 2) if k % (16 * t) == 0)  # k % 32 == 0 always holds (group >= 32)
+        return aten._convert_weight_to_int4pack((codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8), tiles)
+    return aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)  # the CPU packer ignores tiles
+
+
+class Int4Linear(nn.Module):
+    """y = x @ W.T + b with W held as int4 codes; bfloat16 in and out. Built from an nn.Linear or from
+    GPT-2's Conv1D (whose weight is stored transposed, [in, out])."""
+
+    def __init__(self, linear: nn.Module, group_size: int = GROUP_SIZE):
+        super().__init__()
+        weight = linear.weight.t() if isinstance(linear, Conv1D) else linear.weight
+        self.out_features, self.in_features = weight.shape
+        self.group_size = group_size
+        codes, scales_and_zeros = quantize(weight, group_size)
+        self.register_buffer("packed", _pack(codes))
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        bias = linear.bias
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
+        mm = aten._weight_int4pack_mm if x2.device.type == "cuda" else aten._weight_int4pack_mm_for_cpu
+        y = mm(x2, self.packed, self.group_size, self.scales_and_zeros)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
+
+
+def _linears(model: nn.Module):
+    """(name, module) of every layer matrix to quantize. The lm_head stays bfloat16: tied, it is also
+    the input embedding (a lookup, no kernel); untied, its error would land on the logits directly."""
+    head = model.get_output_embeddings()
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Linear, Conv1D)) and module is not head:
+            yield name, module
+
+
+def _shape(module: nn.Module) -> tuple[int, int]:
+    """(in_features, out_features); Conv1D keeps only nf (= out) and its weight is [in, out]."""
+    if isinstance(module, Conv1D):
+        return module.weight.shape[0], module.nf
+    return module.in_features, module.out_features
+
+
+def check_int4_supported(model: nn.Module, device, group_size: int = GROUP_SIZE) -> None:
+    """Raise SpecviewError (one line) if `model` cannot run as an int4 copy on `device`."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SpecviewError("@int4 has no kernel for device cuda here: CUDA is not available in this torch")
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 8:  # tinygemm uses bfloat16 tensor cores
+            raise SpecviewError(f"@int4 has no kernel for device cuda here: needs compute capability 8.0+, "
+                                f"got {major}.{minor}")
+    elif device.type != "cpu":
+        raise SpecviewError(f"@int4 has no kernel for device {device.type} here: torch's int4 matmul runs on "
+                            "CPU and CUDA (8.0+) only; use --device cpu")
+    if group_size not in GROUP_SIZES:
+        raise SpecviewError(f"int4 group size {group_size} is not supported: use one of {GROUP_SIZES}")
+    tile = N_MULTIPLE[device.type]
+    for name, module in _linears(model):
+        k, n = _shape(module)
+        if k % group_size:
+            raise SpecviewError(f"{name}: in_features {k} is not a multiple of the int4 group size {group_size}")
+        if n % tile:
+            raise SpecviewError(f"{name}: out_features {n} is not a multiple of {tile}, as the int4 kernel "
+                                f"on {device.type} needs")
+
+
+def int4_copy(model: nn.Module, group_size: int = GROUP_SIZE) -> nn.Module:
+    """A deep copy of `model` (a transformers CausalLM) whose linear layers (nn.Linear, and GPT-2's
+    transformers.pytorch_utils.Conv1D, whose weight is stored transposed [in, out]) are replaced by an
+    Int4Linear module; everything else (embeddings, norms, and the lm_head, tied or not) is bfloat16.
+    The input model is not modified."""
+    check_int4_supported(model, next(model.parameters()).device, group_size)
+    int4 = copy.deepcopy(model)
+    # Quantize from the copy's weights while they still have the source precision (float32 for the
+    # GGUF model: that is what makes the codes come back exactly), before the cast below.
+    for name, module in list(_linears(int4)):
+        parent_name, _, child = name.rpartition(".")
+        setattr(int4.get_submodule(parent_name), child, Int4Linear(module, group_size))
+    # Parameters only, as from_pretrained(dtype=bfloat16) does: buffers such as Llama's rotary
+    # inv_freq stay float32. parameters() yields a tied embedding once; .data keeps the tie.
+    for p in int4.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    int4.config.dtype = torch.bfloat16
+    return int4.eval()
