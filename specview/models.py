@@ -1,7 +1,7 @@
 """MODEL specs -> loaded model + tokenizer on a device, and the checks a target/draft pair must pass.
 
 A spec is a hub id (`gpt2-xl`), a `save_pretrained` folder, a `.gguf` file, or the bundled alias
-`smollm2-135m`, each with an optional `@float32|@bfloat16|@float16` suffix.
+`smollm2-135m`, each with an optional `@float32|@bfloat16|@float16` suffix, or `@int4` (a weight-only 4-bit copy).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import importlib.util
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlparse
 
 import torch
@@ -50,15 +50,17 @@ class ModelSource:
     gguf_file: str | None
     dtype: torch.dtype | None  # None = as stored (GGUF dequantizes to float32)
     local: bool
+    int4: bool = False  # @int4: a weight-only int4 copy of the linear layers (drafters/int4.py)
 
 
 def parse_spec(spec: str) -> ModelSource:
     name, _, dtype_name = spec.partition("@")
-    dtype = None
-    if dtype_name:
-        if dtype_name not in DTYPES:
-            raise SpecviewError(f"unknown dtype '@{dtype_name}' in '{spec}': use one of {', '.join(DTYPES)}")
-        dtype = DTYPES[dtype_name]
+    if dtype_name and dtype_name not in DTYPES and dtype_name != "int4":
+        raise SpecviewError(f"unknown dtype '@{dtype_name}' in '{spec}': use one of {', '.join(DTYPES)} or int4")
+    return replace(_parse_name(spec, name, DTYPES.get(dtype_name)), int4=dtype_name == "int4")
+
+
+def _parse_name(spec: str, name: str, dtype: torch.dtype | None) -> ModelSource:
     if not name:
         raise SpecviewError(f"empty model name in '{spec}'")
     if name == BUNDLED_ALIAS:
@@ -200,7 +202,12 @@ def load_model(spec: str, device: torch.device, loaded: dict | None = None) -> L
         if loaded is not None:
             loaded[key] = (base, tokenizer)
     model = base
-    if src.dtype is not None and src.dtype != next(base.parameters()).dtype:
+    if src.int4:
+        from specview.drafters.int4 import check_int4_supported, int4_copy
+
+        check_int4_supported(base, device)  # one line naming the layer or the device, before any work
+        model = int4_copy(base.to(device))
+    elif src.dtype is not None and src.dtype != next(base.parameters()).dtype:
         model = copy.deepcopy(base).to(src.dtype)
     model = model.to(device)
     dtype = next(model.parameters()).dtype
