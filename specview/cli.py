@@ -59,14 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     try:
+        # Parse first, import the command (and torch) after: `--help` and usage errors stay instant.
         if command == "run":
+            args = build_run_parser().parse_args(argv[1:])
             from specview.runner import run_command
 
-            return run_command(build_run_parser().parse_args(argv[1:]))
+            return run_command(args)
         if command == "bench":
-            from specview.bench.command import bench_command, build_bench_parser
+            from specview.bench.options import build_bench_parser
 
-            return bench_command(build_bench_parser().parse_args(argv[1:]))
+            args = build_bench_parser().parse_args(argv[1:])
+            from specview.bench.command import bench_command
+
+            return bench_command(args)
         if command == "report":
             from specview.report import build_report_parser, report_command
 

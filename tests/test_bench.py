@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from helpers import run_cli
-from specview.bench.command import BENCH_DEFAULTS, build_bench_parser, parse_sweep, run_rounds
+from specview.bench.command import run_rounds
 from specview.bench.methods import HFMethod, generation_config, make_methods, no_eos
 from specview.bench.metrics import predict, recommend, same_tokens, speculative_metrics, sweep_inputs
+from specview.bench.options import BENCH_DEFAULTS, build_bench_parser, parse_sweep
 from specview.events import RunSummary
 from specview.metrics import expected_tokens_per_step
 from specview.session import open_session

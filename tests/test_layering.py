@@ -23,3 +23,14 @@ def test_import_linter_contract_holds():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     result = subprocess.run([exe], capture_output=True, text=True, cwd=root)
     assert result.returncode == 0, result.stdout[-2000:]
+
+
+def test_help_loads_no_torch():
+    """`specview [run|bench|report] --help` parses before importing a command: no torch, so it is instant."""
+    code = ("import sys, contextlib, io\nfrom specview.cli import main\n"
+            "for argv in ([], ['run'], ['bench'], ['report']):\n"
+            "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+            "        main(argv + ['--help'])\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'textual') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -13,6 +13,7 @@ import tiny
 from helpers import run_cli
 from specview.cli import main
 from specview.files import write_json_atomic
+from specview.phases import PHASE_KEYS
 from specview.profiling.export import (
     StepRecord,
     chrome_trace,
@@ -23,7 +24,7 @@ from specview.profiling.hooks import NormHooks, norm_modules
 from specview.profiling.recorder import ProfileRecorder, clean_name
 from specview.session import open_session
 from specview.settings import Settings
-from specview.timing import PHASE_KEYS, PhaseTimer
+from specview.timing import PhaseTimer
 
 DESIGN_SUMMARY = {"wall_ms", "phases_ms", "layernorm_ms", "steps", "drafted", "accepted", "acceptance_rate", "alpha",
                   "per_position_acceptance", "tokens_per_s", "memory_peak_mb"}

@@ -9,7 +9,6 @@ bench file in --profile-dir that `specview report` renders.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
@@ -24,7 +23,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from specview.bench.methods import PEERS, drafting, make_methods
+from specview.bench.methods import drafting, make_methods
 from specview.bench.metrics import (
     method_stats,
     predict,
@@ -38,55 +37,9 @@ from specview.bench.schema import BENCH_SCHEMA, METHOD_ORDER
 from specview.bench.tables import ordered, render
 from specview.errors import SpecviewError
 from specview.files import write_json_atomic
-from specview.options import Parser, add_run_options, number_type
 from specview.session import open_session
 from specview.settings import Settings
 from specview.stopping import Stop, Stopped
-
-BENCH_DEFAULTS = {"ignore_eos": True}  # equal token counts for every method; other defaults as `run` (DESIGN)
-
-
-def parse_sweep(text: str) -> list[int]:
-    """'1,2,3,4,6,8' -> [1, 2, 3, 4, 6, 8]; anything else is a one-line usage error."""
-    parts = [p.strip() for p in text.split(",")]
-    if not text.strip() or any(not p for p in parts):
-        raise argparse.ArgumentTypeError(f"--sweep-k needs a comma-separated list of K >= 1 like 1,2,4,8, got {text!r}")
-    try:
-        ks = [int(p) for p in parts]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--sweep-k needs integers like 1,2,4,8, got {text!r}") from None
-    if any(k < 1 for k in ks):
-        raise argparse.ArgumentTypeError(f"--sweep-k values must be >= 1, got {text!r}")
-    return sorted(set(ks))
-
-
-def build_bench_parser() -> argparse.ArgumentParser:
-    p = Parser(
-        prog="specview bench",
-        description="Time autoregressive, speculative and draft-only decoding (and with --peer hf, "
-                    "transformers' generate() and assisted generation) side by side on the same prompt.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Bench differs from `run` in one default: --ignore-eos, so every method emits the same number of "
-               "tokens. With --temperature 0 every target-distribution method must emit the same tokens, and the "
-               "table checks it. `make bench` runs --peer hf --temperature 0 -N 48.\n"
-               "The metrics (c, v, ideal / theoretical speedup, efficiency) follow DESIGN.md; see README.",
-    )
-    add_run_options(p)
-    p.set_defaults(**BENCH_DEFAULTS)
-    for action in p._actions:  # show the bench default in --help
-        if action.dest == "ignore_eos":
-            action.help = "keep going past the end-of-sequence token (bench default: on)"
-    g = p.add_argument_group("bench")
-    g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="stop at EOS (methods may then emit different numbers of tokens)")
-    g.add_argument("--num-runs", "-R", type=number_type(int, "--num-runs", lambda v: v >= 1, ">= 1"), default=5, help="timed rounds after the warm-up (default 5)")
-    g.add_argument("--peer", choices=sorted(PEERS), default=None,
-                   help="also time a peer implementation: hf = transformers generate() and assisted generation")
-    g.add_argument("--sweep-k", type=parse_sweep, default=None, metavar="K,K,..",
-                   help="measure speculative decoding at each K (e.g. 1,2,3,4,6,8) and recommend one")
-    g.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON (specview.bench/1)")
-    g.add_argument("--no-profile", action="store_true", help="do not write the bench file to --profile-dir")
-    return p
 
 
 def bench_command(args) -> int:

@@ -21,8 +21,6 @@ from specview.engine import eos_token_ids
 from specview.events import RunSummary
 from specview.stopping import Stop
 
-PEERS = {"hf": ("hf_generate", "hf_assisted", "hf_prompt_lookup")}
-
 
 def drafting(name: str) -> bool:
     """Methods whose work depends on K."""

@@ -9,7 +9,7 @@ import statistics
 from specview.bench.methods import RunRecord
 from specview.events import _clean
 from specview.metrics import Counts, cost_model, expected_tokens_per_step, ratio, speedup
-from specview.timing import PHASES
+from specview.phases import PHASES
 
 
 def method_stats(records: list[RunRecord], baseline_mean_s: float | None = None) -> dict:

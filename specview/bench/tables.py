@@ -10,8 +10,8 @@ from rich.text import Text
 from specview.bench.schema import METHOD_ORDER
 from specview.events import fmt
 from specview.metrics import ratio
+from specview.phases import PHASES
 from specview.profiling.render import config_diff
-from specview.timing import PHASES
 
 
 def render_bench(path: str, doc: dict) -> Group:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specview.timing import MEASURED_PHASES, StepTiming
+from specview.phases import MEASURED_PHASES
+from specview.timing import StepTiming
 
 # Chrome trace tracks (tid): one per phase group, ordered top to bottom.
 TRACKS = {1: "step", 2: "draft model", 3: "target model", 4: "sampling"}

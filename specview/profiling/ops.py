@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import torch
 
 from specview.files import atomic_path
-from specview.timing import FORWARD_PHASES, MEASURED_PHASES
+from specview.phases import FORWARD_PHASES, MEASURED_PHASES
 
 TOP_OPS = 15
 

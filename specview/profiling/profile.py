@@ -4,7 +4,7 @@ step records, and what each phase contains."""
 from __future__ import annotations
 
 from specview.metrics import Counts
-from specview.timing import FORWARD_PHASES, PHASE_KEYS
+from specview.phases import FORWARD_PHASES, PHASE_KEYS
 
 PROFILE_SCHEMA = "specview.profile/1"
 

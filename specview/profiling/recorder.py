@@ -29,6 +29,7 @@ import time
 from specview.errors import SpecviewError
 from specview.events import StepResult
 from specview.files import ensure_writable_dir, write_json_atomic
+from specview.phases import FORWARD_PHASES
 from specview.profiling.export import (
     StepRecord,
     chrome_trace,
@@ -37,7 +38,7 @@ from specview.profiling.export import (
 )
 from specview.profiling.hooks import NormHooks
 from specview.profiling.profile import PROFILE_SCHEMA, summarize
-from specview.timing import FORWARD_PHASES, PhaseTimer
+from specview.timing import PhaseTimer
 
 AUTOSAVE_S = 20.0  # seconds between autosaves of the profile JSON during a long run (at most 2% of the time)
 _TAKEN: set[str] = set()  # stems handed out in this process (two recorders in one millisecond)

@@ -8,8 +8,8 @@ from rich.table import Table
 from rich.text import Text
 
 from specview.events import fmt
+from specview.phases import PHASES
 from specview.profiling.profile import PHASE_HELP
-from specview.timing import PHASES
 
 
 def _num(v) -> float | None:

@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from specview.events import StepResult
-from specview.timing import FORWARD_PHASES, PHASE_ROWS
+from specview.phases import FORWARD_PHASES, PHASE_ROWS
 from specview.tui.render import bar, fmt
 from specview.tui.stats import LiveStats
 
