@@ -48,19 +48,30 @@ class Decoder:
         ignore_eos: bool = False,
     ):
         self.target, self.sampling, self.k = target, sampling, k
-        self.drafter = ModelDrafter(draft) if isinstance(draft, LoadedModel) else draft
         self.device = target.device
+        fastlinear.install(target.model)  # packed-weight matmuls, switched on only inside forward()
+        self.drafter = ModelDrafter(draft) if isinstance(draft, LoadedModel) else draft
         # One generator seeded once: runs follow each other on it, so R runs are R independent samples.
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.timer = timer or PhaseTimer(self.device)
-        self.vocab = vocab_limit(target, self.draft)
-        limits = [m.context_len for m in (target, self.draft) if m is not None and m.context_len]
-        self.context_len = min(limits) if limits else None
         self.eos_ids = set() if ignore_eos else eos_token_ids(target)
         self.runs = 0
-        for lm in (target, self.draft):  # packed-weight matmuls (fastlinear), switched on only inside forward()
-            if lm is not None:
-                fastlinear.install(lm.model)
+
+    @property
+    def drafter(self):
+        return self._drafter
+
+    @drafter.setter
+    def drafter(self, drafter) -> None:
+        """Set between steps (the TUI's `d`); a run keeps one state per drafter, so each picks up where
+        it was. Vocabulary and context were checked for every drafter when the session loaded them."""
+        self._drafter = drafter
+        lm = getattr(drafter, "lm", None)
+        if lm is not None:
+            fastlinear.install(lm.model)
+        self.vocab = vocab_limit(self.target, lm)  # logits sliced to what both models and the tokenizer share
+        limits = [m.context_len for m in (self.target, lm) if m is not None and m.context_len]
+        self.context_len = min(limits) if limits else None
 
     @property
     def draft(self) -> LoadedModel | None:

@@ -29,6 +29,9 @@ def test_zeroed_layers_leave_the_draft_unchanged_and_noise_moves_it():
 
 def test_build_pair_writes_a_loadable_pair(tmp_path):
     info = build_pair(str(tmp_path), layers=2, draft_layers=1, hidden=64, alpha=0.7, say=lambda msg: None)
-    assert 0.0 <= info["alpha"] <= 1.0 and info["sigma"] > 0
+    assert abs(info["alpha"] - 0.7) <= 0.1 and info["sigma"] > 0  # the asked agreement, within the bisection
     target, draft = load_pair(info["target"], info["draft"], torch.device("cpu"))
     assert target.model.config.num_hidden_layers == 2 and draft.model.config.num_hidden_layers == 1
+    prompt = byte_tokenizer()("Alan Turing theorized that computers would one day become")["input_ids"]
+    with torch.inference_mode():  # the saved pair agrees exactly as measured before saving
+        assert greedy_agreement(draft.model, target.model, prompt) == info["alpha"]

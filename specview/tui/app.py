@@ -15,6 +15,7 @@ from specview.errors import SpecviewError
 from specview.stopping import Stop
 from specview.tui import messages as msg
 from specview.tui.backend import Backend, EngineBackend, StepQueue
+from specview.tui.state import AppState
 from specview.tui.stats import LiveStats
 from specview.tui.views import SessionInfo
 from specview.tui.widgets.help_screen import HelpScreen
@@ -40,6 +41,7 @@ class SpecviewApp(App[None]):
         Binding("right", "browse(1)", "Fwd", key_display="→"),
         Binding("plus,equals_sign", "change_k(1)", "K+", key_display="+"),
         Binding("minus", "change_k(-1)", "K-", key_display="-"),
+        Binding("d", "next_drafter", "Drafter", show=False),
         Binding("e", "export", "Export"),
         Binding("n", "new_run", "New run", show=False),
         Binding("question_mark", "help", "Help", key_display="?"),
@@ -54,14 +56,12 @@ class SpecviewApp(App[None]):
         self.stop = Stop()  # set by a signal (command.py): the step worker stops at its next boundary
         self.info: SessionInfo | None = None  # set once the models are loaded
         self.views: list = []  # StepView of each step of the run on screen
-        self.stats = LiveStats()
+        self.stats_by_drafter: dict[str, LiveStats] = {}  # acceptance and timing kept per drafter
         self.viewing: int | None = None  # index into views while browsing; None = the latest step
         self.run_index = 0
-        self.state = "loading"
-        self.queue = StepQueue()  # space presses not yet stepped
-        self.running = False  # r: keep stepping
-        self.stepping = False  # a step worker is alive
-        self.failed = self.quitting = False
+        self.state = AppState.LOADING
+        self.ended_reason = ""
+        self.queue = StepQueue()  # space presses not yet stepped (also those pressed while loading)
         self.profile_path: str | None = None  # the profile saved on the way out
         self.load_finished = False  # the load worker has returned (set from its thread)
         self._redraw_timer = None
@@ -81,6 +81,23 @@ class SpecviewApp(App[None]):
     def loaded(self) -> bool:
         return self.info is not None
 
+    @property
+    def stepping(self) -> bool:
+        """A step worker is alive."""
+        return self.state.busy
+
+    @property
+    def quitting(self) -> bool:
+        return self.state is AppState.SAVING
+
+    @property
+    def stats(self) -> LiveStats:
+        """The figures of the drafter in use (each drafter keeps its own)."""
+        drafter = self.backend.draft
+        if drafter not in self.stats_by_drafter:
+            self.stats_by_drafter[drafter] = LiveStats(t_ar_ms=self.info.t_ar_ms if self.info else None)
+        return self.stats_by_drafter[drafter]
+
     # workers: blocking engine calls, answers by post_message ---------------------------------
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="load")
@@ -99,7 +116,7 @@ class SpecviewApp(App[None]):
     @work(thread=True, exclusive=True, exit_on_error=False, group="engine")
     def step_worker(self) -> None:
         worker, run_done = get_current_worker(), False
-        while not worker.is_cancelled and not self.stop and (self.running or self.queue.take()):
+        while not worker.is_cancelled and not self.stop and (self.state is AppState.RUNNING or self.queue.take()):
             if self.backend.done:
                 run_done = True
                 break
@@ -125,11 +142,11 @@ class SpecviewApp(App[None]):
         except Exception as err:  # noqa: BLE001 - reported; quitting still quits
             self.post_message(msg.ProfileSaved(None, f"{type(err).__name__}: {err}", final=final))
 
-    def _start_stepping(self) -> None:
-        if not self.running:
-            self.state = "stepping…"  # a slow step (a big model, a busy CPU) must not look like a dead key
-        if not self.stepping:
-            self.stepping = True
+    def _start_stepping(self, state: AppState) -> None:
+        """STEPPING (space) or RUNNING (r): a slow step (a big model, a busy CPU) must not look like a dead key."""
+        was_busy = self.state.busy
+        self.state = state
+        if not was_busy:
             self.step_worker()
         self.redraw()
 
@@ -146,11 +163,13 @@ class SpecviewApp(App[None]):
             self.info = message.info
             self.screen.add_class("-loaded")
             self.on_run_started(msg.RunStarted(message.run))
+            if self.queue:  # space pressed while loading: those steps run now
+                self._start_stepping(AppState.STEPPING)
 
     def on_run_started(self, message: msg.RunStarted) -> None:
         self.views, self.viewing, self.run_index = [], None, message.run.index
-        self.stats = LiveStats(t_ar_ms=self.info.t_ar_ms)
-        self.failed, self.state = False, "paused"
+        self.stats_by_drafter = {}
+        self.state = AppState.PAUSED
         self.query_one(MainView).clear_error()
         self.redraw()
 
@@ -158,7 +177,7 @@ class SpecviewApp(App[None]):
         self.views.append(message.view)
         self.stats.prefill_ms = message.view.prefill_ms
         self.stats.add(message.view.step)
-        if not self.running:
+        if self.state is not AppState.RUNNING:
             self.redraw()
         elif self._redraw_timer is None:
             self._redraw_timer = self.set_timer(REDRAW_S, self._timed_redraw)
@@ -168,24 +187,25 @@ class SpecviewApp(App[None]):
         self.redraw()
 
     def on_step_failed(self, message: msg.StepFailed) -> None:
-        self.failed, self.running, self.state = True, False, "failed"
+        if not self.quitting:
+            self.state = AppState.FAILED
         self.queue.clear()
         self.query_one(MainView).show_error(message.step, message.error)
         self.redraw()
 
     def on_engine_idle(self, message: msg.EngineIdle) -> None:
-        self.stepping = False
-        if message.run_done:
-            self.running = False
-            self.queue.clear()
-            reason = self.views[-1].step.stop_reason if self.views else "done"
-            self.state = f"ended: {reason} · n new run"
-        elif self.quitting or self.failed:
+        if self.state in (AppState.SAVING, AppState.FAILED):
             pass
-        elif self.running or self.queue:
-            return self._start_stepping()  # asked for while the worker was finishing
+        elif message.run_done:
+            self.queue.clear()
+            self.state = AppState.ENDED
+            self.ended_reason = (self.views[-1].step.stop_reason if self.views else None) or "done"
+        elif self.state is AppState.RUNNING or self.queue:  # asked for while the worker was finishing
+            wanted = AppState.RUNNING if self.state is AppState.RUNNING else AppState.STEPPING
+            self.state = AppState.PAUSED  # that worker is gone: start a new one
+            return self._start_stepping(wanted)
         else:
-            self.state = "paused"
+            self.state = AppState.PAUSED
         self.redraw()
 
     def on_profile_saved(self, message: msg.ProfileSaved) -> None:
@@ -203,29 +223,32 @@ class SpecviewApp(App[None]):
     def _can_step(self) -> bool:
         if self.quitting:
             return False
-        if not self.loaded:
-            self.notify("the models are still loading", timeout=2)
-        elif self.failed:
+        if self.state is AppState.FAILED:
             self.notify("stepping stopped after the failed step: n starts a new run", severity="warning")
-        elif self.backend.done and not self.stepping:
+        elif self.state is AppState.ENDED:
             self.notify("the run has ended: n starts a new run, q quits", severity="warning")
         else:
             return True
         return False
 
     def action_step(self) -> None:
-        if self._can_step():
+        if not self.loaded:  # keys pressed while loading are kept, and the status line says so
+            self.queue.add()
+            self.redraw()
+        elif self._can_step():
             self.viewing = None
-            if not self.running:
+            if self.state is not AppState.RUNNING:
                 self.queue.add()
-                self._start_stepping()
+                self._start_stepping(AppState.STEPPING)
 
     def action_toggle_run(self) -> None:
-        if self.running:
-            self.running, self.state = False, "pausing…" if self.stepping else "paused"
+        if not self.loaded:
+            self.notify("the models are still loading: r works once they are", timeout=2)
+        elif self.state is AppState.RUNNING:
+            self.state = AppState.PAUSING
         elif self._can_step():
-            self.running, self.state, self.viewing = True, "running", None
-            self._start_stepping()
+            self.viewing = None
+            self._start_stepping(AppState.RUNNING)
         self.redraw()
 
     def action_browse(self, delta: int) -> None:
@@ -245,9 +268,22 @@ class SpecviewApp(App[None]):
         else:
             self.save_worker(final=False)
 
+    def action_next_drafter(self) -> None:
+        if not self.loaded or len(self.info.drafters) < 2:
+            self.notify("one drafter in this session: give several, e.g. --draft ngram,smollm2-135m@int4", timeout=3)
+        else:
+            self.switch_drafter_worker()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="drafter")
+    def switch_drafter_worker(self) -> None:
+        self.post_message(msg.DrafterChanged(self.backend.next_drafter()))  # waits for the step in flight
+
+    def on_drafter_changed(self, message: msg.DrafterChanged) -> None:
+        self.notify(f"drafting with {message.spec} from the next step", timeout=2)
+        self.redraw()
+
     def action_new_run(self) -> None:
         if self.loaded and not self.stepping and not self.quitting:
-            self.running = False
             self.new_run_worker()
 
     def action_help(self) -> None:
@@ -257,7 +293,7 @@ class SpecviewApp(App[None]):
         if self.quitting or not self.loaded:  # a second press, or nothing to save: out now
             self.exit()
             return
-        self.quitting, self.running, self.state = True, False, "saving the profile"
+        self.state = AppState.SAVING
         self.queue.clear()
         self.redraw()
         self.save_worker(final=True)  # waits for the step in flight, then exits
@@ -269,14 +305,23 @@ class SpecviewApp(App[None]):
         width, height = self.size  # (the screen's breakpoint classes may lag a resize)
         narrow = width < WIDE  # the memory panel is hidden: RSS goes to the status line
         self.query_one(StatusLine).show(Status(
-            state=self.state, steps=len(self.views), viewing=None if self.viewing is None else self.viewing + 1,
+            state=self.state, detail=self._detail(), steps=len(self.views),
+            viewing=None if self.viewing is None else self.viewing + 1,
             acceptance=self.stats.acceptance_rate, tokens_per_s=self.stats.tokens_per_s, k=self.backend.k,
             temperature=self.backend.temperature, device=self.info.device if self.info else "",
             rss_mb=last.memory_mb.get("rss") if narrow and last else None, run=self.run_index,
+            drafter=self.backend.draft if self.info and len(self.info.drafters) > 1 else "",
         ))
         if self.info is not None:
             self.query_one(MainView).show(self.info, self.views, self.viewing, self.stats, self.backend.k,
                                           compact=height < TALL)
+
+    def _detail(self) -> str:
+        if self.state is AppState.ENDED:
+            return f"{self.ended_reason} · n new run"
+        if self.state is AppState.LOADING and self.queue:
+            return f"{self.queue.count} step(s) wait for loading"
+        return ""
 
     def on_resize(self) -> None:
         self.call_after_refresh(self.redraw)  # widgets pick their full or compact form from the size

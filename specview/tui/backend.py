@@ -44,6 +44,10 @@ class StepQueue:
     def __bool__(self) -> bool:
         return self._count > 0
 
+    @property
+    def count(self) -> int:
+        return self._count
+
 
 class Backend:
     def __init__(self, target: str, draft: str, k: int, temperature: float):
@@ -54,6 +58,10 @@ class Backend:
     def set_k(self, k: int) -> int:
         self.k = max(1, min(K_MAX, k))
         return self.k
+
+    def next_drafter(self) -> str:
+        """Switch to the next drafter for the next steps -> its spec (a session of one keeps it)."""
+        return self.draft
 
     def load(self, on_progress: Callable[[str], None]) -> tuple[SessionInfo, RunInfo]:
         raise NotImplementedError
@@ -108,12 +116,24 @@ class EngineBackend(Backend):
         with self.lock:
             self.session, self.decoder, self.recorder = session, decoder, recorder
         tok = session.target.tokenizer
+        ids = session.prompt_ids
+        self.draft = session.drafters[0].spec
         info = SessionInfo(
-            target=session.target.spec, draft=session.draft.spec, device=str(session.device),
+            target=session.target.spec, draft=self.draft, device=str(session.device),
             temperature=self.settings.temperature, max_new_tokens=self.settings.max_new_tokens,
-            prompt_text=tok.decode(session.prompt_ids), t_ar_ms=t_ar_ms, load_s=time.perf_counter() - t0,
+            prompt_text=tok.decode(ids), t_ar_ms=t_ar_ms, load_s=time.perf_counter() - t0,
+            drafters=[d.spec for d in session.drafters],
+            prompt_pieces=[piece_in_context(tok.decode, ids[max(0, i - CONTEXT): i], ids[i]) for i in range(len(ids))],
         )
         return info, self.new_run()
+
+    def next_drafter(self) -> str:
+        with self.lock:  # between steps: each drafter keeps its own state in the run
+            drafters = self.session.drafters
+            self.decoder.drafter = drafters[(drafters.index(self.decoder.drafter) + 1) % len(drafters)]
+            self.recorder.attach(self.decoder)  # norm hooks on a draft model met for the first time
+            self.draft = self.decoder.drafter.spec
+            return self.draft
 
     def new_run(self) -> RunInfo:
         with self.lock:
@@ -138,6 +158,8 @@ class EngineBackend(Backend):
             run.k = self.k
             before = run.tokens[-8:]
             step = run.step()
+            if len(self.session.drafters) > 1:
+                step.drafter = self.draft  # DESIGN: step records name their drafter when a session has several
             self.recorder.add_step(step)
             texts = token_texts(self.session.target.tokenizer.decode, before, step)
             return StepView(step, texts, run.summary.prefill_ms)

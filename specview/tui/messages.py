@@ -57,3 +57,8 @@ class ProfileSaved(Message):
     path: str | None
     error: str | None = None
     final: bool = False  # saved on the way out: exit next
+
+
+@dataclass
+class DrafterChanged(Message):
+    spec: str  # the drafter of the next steps

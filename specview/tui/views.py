@@ -18,6 +18,8 @@ class SessionInfo:
     prompt_text: str
     t_ar_ms: float | None  # target time per token, one-token forwards, prefill excluded
     load_s: float
+    drafters: list[str] = field(default_factory=list)  # every drafter's spec; `d` cycles through them
+    prompt_pieces: list[str] = field(default_factory=list)  # the prompt's tokens as text (n-gram sources)
 
     @property
     def greedy(self) -> bool:

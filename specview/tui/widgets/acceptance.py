@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widget import Widget
 
 from specview.tui.render import SPARKS, bar, fmt, pct, sparkline
-from specview.tui.stats import RECENT, LiveStats
+from specview.tui.stats import RECENT
+from specview.tui.widgets.panel import StatsPanel
 
 
-class AcceptancePanel(Widget):
-    DEFAULT_CSS = """
-    AcceptancePanel { border: round $primary-darken-1; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
-    """
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.border_title = "acceptance"
-        self.stats = LiveStats()
-        self.k = 0
-
-    def show(self, stats: LiveStats, k: int) -> None:
-        self.stats, self.k = stats, k
-        self.refresh()
+class AcceptancePanel(StatsPanel):
+    TITLE = "acceptance"
+    k = 0  # K of the next step (the prediction line)
 
     def render(self) -> Text:
         st, width, height = self.stats, max(self.size.width, 20), self.size.height

@@ -29,12 +29,13 @@ class MainView(Vertical):
         """`viewing`: index of the browsed step, None = the latest; `k`: K of the next step."""
         index = len(views) - 1 if viewing is None else viewing
         view = views[index] if views else None
-        self.query_one(TokenText).show(info.prompt_text, views, index if views else None, viewing is None,
-                                       f"target {info.target} · draft {info.draft}")
+        drafter = views[index].step.drafter if views and views[index].step.drafter else info.draft
+        self.query_one(TokenText).show(info, views, index if views else None, viewing is None,
+                                       f"target {info.target} · draft {drafter}")
         self.query_one(BlockView).show(view, index + 1, len(views), info.greedy, compact)
-        self.query_one(AcceptancePanel).show(stats, k)
-        self.query_one(TimingPanel).show(stats, view.step if view else None)
-        self.query_one(MemoryPanel).show(stats, info.device)
+        self.query_one(AcceptancePanel).show(stats, k=k)
+        self.query_one(TimingPanel).show(stats, step=view.step if view else None)
+        self.query_one(MemoryPanel).show(stats, device=info.device)
 
     def show_error(self, step: int, error: str) -> None:
         self.query_one(ErrorPanel).show(step, error)

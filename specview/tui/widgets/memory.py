@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widget import Widget
 
 from specview.tui.render import fmt, sparkline
-from specview.tui.stats import LiveStats
+from specview.tui.widgets.panel import StatsPanel
 
 
-class MemoryPanel(Widget):
-    DEFAULT_CSS = """
-    MemoryPanel { border: round $primary-darken-1; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
-    """
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.border_title = "memory (MB)"
-        self.stats = LiveStats()
-        self.device = ""
-
-    def show(self, stats: LiveStats, device: str) -> None:
-        self.stats, self.device = stats, device
-        self.refresh()
+class MemoryPanel(StatsPanel):
+    TITLE = "memory (MB)"
+    device = ""
 
     def render(self) -> Text:
         st = self.stats

@@ -8,11 +8,13 @@ from rich.text import Text
 from textual.widget import Widget
 
 from specview.tui.render import fmt, pct
+from specview.tui.state import AppState
 
 
 @dataclass
 class Status:
-    state: str = "loading"  # loading | paused | stepping… | running | ended: <reason> | failed
+    state: AppState = AppState.LOADING
+    detail: str = ""  # after the state: why the run ended, how many keys wait for loading
     steps: int = 0  # completed steps of the run on screen
     viewing: int | None = None  # 1-based step on view while browsing; None = live
     acceptance: float | None = None
@@ -22,6 +24,7 @@ class Status:
     device: str = ""
     rss_mb: float | None = None  # shown when the memory panel is hidden (narrow screens)
     run: int = 0
+    drafter: str = ""  # named when the session has several (d switches)
 
 
 class StatusLine(Widget):
@@ -49,13 +52,13 @@ class StatusLine(Widget):
             parts.append((f"rss {s.rss_mb:.0f} MB", ""))
         if s.run:
             parts.append((f"run {s.run + 1}", ""))
-        state_style = {"running": "bold green", "stepping…": "green", "paused": "yellow", "pausing…": "yellow",
-                       "failed": "bold red", "ended": "bold magenta"}.get(s.state.split(":")[0], "cyan")
+        if s.drafter:
+            parts.append((f"draft {s.drafter}", "bold"))
         text = Text(no_wrap=True, overflow="ellipsis")
         for i, (part, style) in enumerate(parts):
             if i:
                 text.append(" │ ", style="dim")
             text.append(part, style=style)
         text.append(" │ ", style="dim")
-        text.append(s.state, style=state_style)
+        text.append(s.state.value + (f": {s.detail}" if s.detail else ""), style=s.state.style)
         return text

@@ -4,34 +4,22 @@ from __future__ import annotations
 
 from rich.table import Table
 from rich.text import Text
-from textual.widget import Widget
 
 from specview.events import StepResult
 from specview.phases import FORWARD_PHASES, PHASE_ROWS
 from specview.tui.render import bar, fmt
 from specview.tui.stats import LiveStats
+from specview.tui.widgets.panel import StatsPanel
 
 NESTED = {"softmax": "in sample", "layernorm": "in forwards"}
 COMPACT_ENTRY = 17  # "softmax 9999/9999"
 SHORT_NAMES = {"layernorm": "lnorm"}
 
 
-class TimingPanel(Widget):
-    DEFAULT_CSS = """
-    TimingPanel { border: round $primary-darken-1; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
-    """
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.border_title = "time per step (ms)"
-        self.border_subtitle = "this step / mean"
-        self.stats = LiveStats()
-        self.step: StepResult | None = None
-
-    def show(self, stats: LiveStats, step: StepResult | None) -> None:
-        """`step`: the step on view (its column is "last", or the browsed step)."""
-        self.stats, self.step = stats, step
-        self.refresh()
+class TimingPanel(StatsPanel):
+    TITLE = "time per step (ms)"
+    SUBTITLE = "this step / mean"
+    step: StepResult | None = None  # the step on view (its column is "last", or the browsed step)
 
     def render(self) -> Table | Text:
         st, s = self.stats, self.step

@@ -7,8 +7,8 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from specview.palette import ORIGIN_STYLES, legend_markup
-from specview.tui.render import HIGHLIGHT
-from specview.tui.views import StepView
+from specview.tui.render import HIGHLIGHT, SOURCE
+from specview.tui.views import SessionInfo, StepView
 
 
 class TokenText(VerticalScroll, can_focus=False):
@@ -24,13 +24,24 @@ class TokenText(VerticalScroll, can_focus=False):
         self.border_title = "text"
         self.border_subtitle = "prompt · " + legend_markup()
         self.body = Static()
+        self.text = Text()  # what is on screen (tests read its spans)
 
     def compose(self):
         yield self.body
 
-    def show(self, prompt: str, views: list[StepView], highlight: int | None, live: bool, title: str = "") -> None:
+    def show(self, info: SessionInfo, views: list[StepView], highlight: int | None, live: bool,
+             title: str = "") -> None:
+        """The prompt, then every step's tokens by origin; the block on view highlighted and, for an n-gram
+        draft, the earlier span it was copied from underlined (its `source`, token positions)."""
         self.border_title = f"text · {title}" if title else "text"
-        text = Text(prompt, style=ORIGIN_STYLES["prompt"])
+        source = views[highlight].step.source if highlight is not None and views else None
+        lo, hi = source if source else (0, 0)
+        pieces = info.prompt_pieces or [info.prompt_text]  # a recording without pieces: the prompt as one
+        text = Text()
+        position = 0  # token position in prompt + output (what `source` counts)
+        for piece in pieces:
+            text.append(piece, style=ORIGIN_STYLES["prompt"] + (" " + SOURCE if lo <= position < hi else ""))
+            position += 1
         block_start = 0
         for i, view in enumerate(views):
             on_view = highlight == i
@@ -38,7 +49,9 @@ class TokenText(VerticalScroll, can_focus=False):
                 block_start = len(text)
             for piece, origin in zip(view.step.tokens, view.step.origins()):
                 style = ORIGIN_STYLES[origin] + (" " + HIGHLIGHT if on_view else "")
-                text.append(piece, style=style)
+                text.append(piece, style=style + (" " + SOURCE if lo <= position < hi else ""))
+                position += 1
+        self.text = text
         self.body.update(text)
         if live:
             self.call_after_refresh(self.scroll_end, animate=False)
