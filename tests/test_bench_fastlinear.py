@@ -11,6 +11,12 @@ from specview import fastlinear
 pytestmark = pytest.mark.skipif(not fastlinear.supported(torch.float32), reason="no oneDNN on this torch build")
 
 
+@pytest.fixture(autouse=True)
+def packed_even_where_slower(monkeypatch):
+    """These tests check the packed product itself: use it whatever `faster` measured on this CPU."""
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")
+
+
 def _linear(dtype=torch.float32, bias=True):
     torch.manual_seed(0)
     return torch.nn.Linear(48, 24, bias=bias).to(dtype).eval()
@@ -90,3 +96,13 @@ def test_environment_switch_turns_it_off(monkeypatch):
     lin = _linear()
     fastlinear.install(lin)
     assert "forward" not in lin.__dict__
+
+
+def test_auto_packs_only_the_dtypes_measured_faster(monkeypatch):
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "auto")
+    monkeypatch.setattr(fastlinear, "faster", lambda dtype, shape: dtype == torch.bfloat16)
+    f32, bf16 = _linear(torch.float32), _linear(torch.bfloat16)
+    fastlinear.install(f32)
+    fastlinear.install(bf16)
+    assert "forward" not in f32.__dict__
+    assert ("forward" in bf16.__dict__) == fastlinear.supported(torch.bfloat16)
