@@ -120,7 +120,7 @@ def install(model: torch.nn.Module) -> None:
         key = (m.weight.dtype, tuple(m.weight.shape))
         weight_by_shape[key] = weight_by_shape.get(key, 0) + m.weight.numel()
     dominant = {}
-    for (dtype, shape), total in sorted(weight_by_shape.items(), key=lambda item: item[1]):
+    for (dtype, shape), _ in sorted(weight_by_shape.items(), key=lambda item: item[1]):
         dominant[dtype] = shape  # ascending: the last one written is the largest total
     for module in linears:
         if wanted(module.weight.dtype, dominant[module.weight.dtype]):
