@@ -1,6 +1,6 @@
 """What the engine reports: one StepResult per step, one RunSummary per run, and their JSON form.
 
-The JSON shapes are a contract (DESIGN.md, "CLI contract"): other tools read them. Keep field
+The JSON shapes are a contract (docs/design.md, "CLI contract"): other tools read them. Keep field
 names and meanings; add fields only.
 """
 

@@ -1,4 +1,4 @@
-"""The metrics, ONE home (DESIGN.md "Metrics"): counters over steps, the rates they give, and the cost
+"""The metrics, ONE home (docs/design.md "Metrics"): counters over steps, the rates they give, and the cost
 model that turns them into speedups (c, v, E(K), ideal / theoretical / predicted speedup, break-even c).
 run, profiles, bench, eval and the TUI all read their figures from here. No torch, no textual.
 """
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Counts:
-    """Acceptance and timing counters over steps: the ONE definition of the metrics (DESIGN.md,
+    """Acceptance and timing counters over steps: the ONE definition of the metrics (docs/design.md,
     "Metrics") for run, profiles, bench and the TUI. Rates are None (JSON null) over zero steps."""
 
     steps: int = 0

@@ -63,7 +63,7 @@ class EngineMethod:
         self.session = session
         self.stop = stop
         self.decoder = session.decoder(method, drafter=drafter)
-        self.decoder.generator = generator  # one generator for the whole command (DESIGN: seeded once)
+        self.decoder.generator = generator  # one generator for the whole command (docs/design.md: seeded once)
 
     def run(self, k: int | None = None) -> RunRecord:
         s = self.session.settings

@@ -1,5 +1,5 @@
 """What every drafter hands the engine. The engine's verify, accept test, residual and bonus are the same
-for every drafter (DESIGN "Drafters"), so a drafter only proposes:
+for every drafter (docs/design.md "Drafters"), so a drafter only proposes:
 
     state = drafter.new_state()                    # per run: a KV cache, or None
     drafter.prefill(dec, state, prompt[:-1])       # the first step of a run

@@ -1,4 +1,4 @@
-"""`--draft` specs -> drafters (DESIGN "Drafters"). One spec or a comma-separated list:
+"""`--draft` specs -> drafters (docs/design.md "Drafters"). One spec or a comma-separated list:
 
     MODEL[@dtype]          a draft model (hub id, folder, .gguf, smollm2-135m); dtype float32|bfloat16|float16|int4
     ngram[:max=4,min=1]    prompt lookup over prompt + generated tokens; q is one-hot

@@ -1,4 +1,4 @@
-"""The profile file (schema specview.profile/1, DESIGN.md "Profiles"): its summary, computed from the
+"""The profile file (schema specview.profile/1, docs/design.md "Profiles"): its summary, computed from the
 step records, and what each phase contains."""
 
 from __future__ import annotations
