@@ -181,3 +181,36 @@ def test_empty_prompt_without_bos_exits_2(capsys, tiny_dir):
 def test_chat_without_a_template_exits_2(capsys, models):
     code, out, err = run_cli(capsys, "run", *models, "--chat")
     assert code == 2 and "no chat template" in err
+
+
+def test_an_unwritable_profile_dir_fails_before_any_model_loads(capsys, models, tmp_path, monkeypatch):
+    import specview.session
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(specview.session, "load_model", no_load)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, out, err = run_cli(capsys, "run", *models, "--profile-dir", str(blocker / "profiles"))
+    assert code == 2 and "--profile-dir: cannot write to" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_full_disk_during_the_profile_save_leaves_no_partial_file(capsys, models, tmp_path, monkeypatch):
+    """ENOSPC in the middle of writing the profile: one line, no half file, and the summary still printed."""
+    import errno
+
+    import specview.files
+
+    def full_disk(obj, f, **kwargs):
+        f.write('{"schema": "specview.profile/1", "ste')  # half a document, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(specview.files.json, "dump", full_disk)
+    folder = tmp_path / "prof"
+    code, out, err = run_cli(capsys, "run", *models, "-N", "6", "--profile-dir", str(folder))
+    assert code == 2
+    assert "tokens/s" in out  # the summary table
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "No space left on device" in errors[0], err
+    assert list(folder.iterdir()) == []  # neither the profile nor a temp file is left
