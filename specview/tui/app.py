@@ -4,6 +4,8 @@ in thread workers that talk back only through post_message."""
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
 from textual import work
 from textual.app import App
@@ -14,7 +16,7 @@ from textual.worker import get_current_worker
 from specview.errors import SpecviewError
 from specview.stopping import Stop
 from specview.tui import messages as msg
-from specview.tui.backend import Backend, EngineBackend, StepQueue
+from specview.tui.backend import Backend, StepQueue
 from specview.tui.state import AppState
 from specview.tui.stats import LiveStats
 from specview.tui.views import SessionInfo
@@ -63,6 +65,7 @@ class SpecviewApp(App[None]):
         self.ended_reason = ""
         self.queue = StepQueue()  # space presses not yet stepped (also those pressed while loading)
         self.profile_path: str | None = None  # the profile saved on the way out
+        self._cpu_mark = time.process_time()
         self.load_finished = False  # the load worker has returned (set from its thread)
         self._redraw_timer = None
 
@@ -174,6 +177,9 @@ class SpecviewApp(App[None]):
         self.redraw()
 
     def on_step_done(self, message: msg.StepDone) -> None:
+        cpu = time.process_time()  # the UI's own CPU since the last step (the engine is another process)
+        self.stats.ui_cpu_ms.append((cpu - self._cpu_mark) * 1000)
+        self._cpu_mark = cpu
         self.views.append(message.view)
         self.stats.prefill_ms = message.view.prefill_ms
         self.stats.add(message.view.step)
@@ -331,5 +337,7 @@ def tui_command(args) -> int:
     """`specview [OPTIONS]`: the TUI on the models the options name (cli.py checks for a terminal)."""
     from specview.settings import Settings
     from specview.tui.command import run_tui
+    from specview.tui.process import ProcessBackend
 
-    return run_tui(SpecviewApp(EngineBackend(Settings.from_args(args))))
+    # The engine runs in a child process: the screen's rendering cannot slow its timed forwards.
+    return run_tui(SpecviewApp(ProcessBackend(Settings.from_args(args))))

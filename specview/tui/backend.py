@@ -89,6 +89,9 @@ class Backend:
     def _save(self, final: bool) -> str | None:
         return None
 
+    def close(self) -> None:
+        """The app is gone (a child process ends; in-process, nothing to do)."""
+
 
 class EngineBackend(Backend):
     """The real engine: specview.session + a ProfileRecorder from specview.profiling."""

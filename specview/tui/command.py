@@ -26,6 +26,7 @@ def run_tui(app) -> int:
                 print(f"specview: error: saving the profile failed: {err}", file=sys.stderr)
         if path:
             print(f"profile written: {path}", file=sys.stderr)
+        app.backend.close()
     code = app.return_code if app.return_code is not None else 1
     if not app.load_finished:  # quit while loading: the load thread cannot be stopped, and nothing needs it
         sys.stdout.flush()

@@ -19,6 +19,7 @@ class LiveStats:
     steps: list[StepResult] = field(default_factory=list)
     counts: Counts = field(default_factory=Counts)  # the shared metric definitions (events.Counts)
     layernorm_sums: dict[str, float] = field(default_factory=dict)  # the norm hooks' split, summed
+    ui_cpu_ms: list[float] = field(default_factory=list)  # the TUI process's own CPU time per step: its cost
 
     def add(self, s: StepResult) -> None:
         self.steps.append(s)
@@ -101,6 +102,11 @@ class LiveStats:
         if name.startswith("layernorm_"):
             return ratio(self.layernorm_sums.get(name.removeprefix("layernorm_"), 0.0), self.counts.steps)
         return ratio(self.counts.phases_ms.get(name, 0.0), self.counts.steps)
+
+    @property
+    def ui_cpu_per_step(self) -> float | None:
+        """Mean CPU ms the viewer itself spent per step (drawing, messages): what watching costs."""
+        return ratio(sum(self.ui_cpu_ms), len(self.ui_cpu_ms))
 
     @property
     def mean_wall_ms(self) -> float | None:

@@ -19,6 +19,11 @@ SHORT_NAMES = {"layernorm": "lnorm"}
 class TimingPanel(StatsPanel):
     TITLE = "time per step (ms)"
     SUBTITLE = "this step / mean"
+
+    def show(self, stats: LiveStats, **extra) -> None:
+        cost = stats.ui_cpu_per_step  # what drawing costs the viewer, said where the timings are
+        self.border_subtitle = self.SUBTITLE + (f" · ui {cost:.1f} ms cpu/step" if cost is not None else "")
+        super().show(stats, **extra)
     step: StepResult | None = None  # the step on view (its column is "last", or the browsed step)
 
     def render(self) -> Table | Text:

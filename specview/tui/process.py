@@ -1,0 +1,136 @@
+"""The engine in a child process (specview/service.py), behind the same Backend interface the app's
+workers call: each method sends one command and blocks on its answer. The TUI process holds no model,
+so what it draws cannot disturb the engine's timings, and a crash on either side cannot lose the
+other's work (the child saves its profile when its input ends). No textual here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import deque
+from dataclasses import asdict, fields
+from threading import Thread
+
+from specview.errors import SpecviewError
+from specview.events import StepResult
+from specview.tui.backend import Backend
+from specview.tui.views import RunInfo, SessionInfo, StepView
+
+_STEP_FIELDS = {f.name for f in fields(StepResult)}
+STDERR_LINES = 20  # the child's last stderr lines kept, to say why it died
+
+
+def step_view(record: dict) -> StepView:
+    """A stream step record back into what the widgets draw."""
+    step = StepResult(**{k: v for k, v in record.items() if k in _STEP_FIELDS})
+    return StepView(step, {int(i): t for i, t in record["texts"].items()}, record["prefill_ms"])
+
+
+class ProcessBackend(Backend):
+    def __init__(self, settings):
+        super().__init__(settings.target, settings.draft, settings.k, settings.temperature)
+        self.settings = settings
+        self.proc: subprocess.Popen | None = None
+        self.stderr_tail: deque[str] = deque(maxlen=STDERR_LINES)
+        self.steps = 0  # completed steps of the current run
+        self.run_done = False
+
+    # the stream ---------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "specview.service", json.dumps(asdict(self.settings))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            start_new_session=True,  # the terminal's signals go to the TUI, which tells the child what to do
+        )
+        Thread(target=self._drain_stderr, daemon=True).start()
+
+    def _drain_stderr(self) -> None:
+        for line in self.proc.stderr:
+            if line.strip():
+                self.stderr_tail.append(line.rstrip())
+
+    def _ask(self, command: dict, on_progress=None) -> dict:
+        """Send one command -> its answer; progress records go to on_progress on the way."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise SpecviewError(self._death())
+        try:
+            self.proc.stdin.write(json.dumps({**command, "k": self.k}) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise SpecviewError(self._death()) from None
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                self.proc.wait()
+                raise SpecviewError(self._death())
+            record = json.loads(line)
+            if record["type"] == "progress":
+                if on_progress:
+                    on_progress(record["text"])
+                continue
+            if record["type"] == "error":
+                raise SpecviewError(record["message"])
+            return record
+
+    def _death(self) -> str:
+        code = self.proc.returncode if self.proc is not None else None
+        last = next((line for line in reversed(self.stderr_tail) if line.strip()), "")
+        return f"the engine process ended (exit {code})" + (f": {last}" if last else "")
+
+    # Backend --------------------------------------------------------------------------------------
+
+    def load(self, on_progress):
+        self._start()
+        with self.lock:
+            record = self._ask({"cmd": "load"}, on_progress)
+        info = SessionInfo(**record["info"])
+        self.draft = info.draft
+        return info, RunInfo(record["run"])
+
+    def step(self) -> StepView:
+        with self.lock:
+            view = step_view(self._ask({"cmd": "step"}))
+        self.steps += 1
+        self.run_done = view.step.stop_reason is not None
+        return view
+
+    def new_run(self) -> RunInfo:
+        with self.lock:
+            record = self._ask({"cmd": "new_run"})
+        self.steps, self.run_done = 0, False
+        return RunInfo(record["run"])
+
+    def next_drafter(self) -> str:
+        with self.lock:
+            self.draft = self._ask({"cmd": "next_drafter"})["spec"]
+        return self.draft
+
+    @property
+    def done(self) -> bool:
+        return self.run_done
+
+    @property
+    def steps_done(self) -> int:
+        return self.steps
+
+    def _save(self, final: bool) -> str | None:
+        if self.proc is None:
+            return None
+        if final:  # the last word: the child saves, answers and exits
+            path = self._ask({"cmd": "quit"})["path"]
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+            return path
+        return self._ask({"cmd": "save", "final": False})["path"]
+
+    def close(self) -> None:
+        """The app is gone: end the child's input (it saves its profile and exits)."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
