@@ -35,6 +35,7 @@ class Settings:
     threads: int | None = None  # torch intra-op threads; None = torch's default
     ignore_eos: bool = False
     profile_dir: str = "profiles"
+    cache: bool = True  # use the converted-weights cache for .gguf models (--no-cache: off)
 
     @classmethod
     def from_args(cls, args) -> Settings:
@@ -128,7 +129,8 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
         torch.set_num_threads(settings.threads)
     device = resolve_device(settings.device)
     t0 = time.perf_counter()
-    target, draft = load_pair(settings.target, settings.draft if with_draft else None, device, on_progress)
+    target, draft = load_pair(settings.target, settings.draft if with_draft else None, device, on_progress,
+                              cache=settings.cache)
     prompt_ids = encode_prompt(target.tokenizer, settings.prompt, settings.chat)
     check_context(target, draft, len(prompt_ids), settings.max_new_tokens)
     return Session(settings, target, draft, prompt_ids, device, time.perf_counter() - t0)
