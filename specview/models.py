@@ -182,6 +182,10 @@ def _from_pretrained(src: ModelSource, spec: str, folder: str | None = None):
         if src.local:
             raise SpecviewError(f"cannot load '{spec}': {one_line(err)}") from err
         raise _hub_error(spec, err) from err
+    except Exception as err:  # e.g. safetensors' SafetensorError on a truncated file: not a traceback
+        if src.local and type(err).__module__.startswith(("safetensors", "tokenizers")):
+            raise SpecviewError(f"cannot load '{spec}': {_bad_file(path, err)}") from err
+        raise
     finally:
         hf_logging.set_verbosity(previous)
         if bars:
@@ -237,6 +241,22 @@ def _all_plain(model: torch.nn.Module) -> bool:
     """Every parameter a float32 tensor and no transformers GGUF layer left (weights kept packed)."""
     return all(p.dtype == torch.float32 for p in model.parameters()) and not any(
         type(m).__module__.startswith("transformers.integrations.gguf") for m in model.modules())
+
+
+def _bad_file(folder: str, err: Exception) -> str:
+    """Name the file a low-level reader choked on: safetensors' messages do not say which."""
+    from specview.weights_cache import check_safetensors
+
+    where = folder
+    names = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")) if os.path.isdir(folder) else []
+    for name in names:
+        try:
+            check_safetensors(os.path.join(folder, name))
+        except (OSError, ValueError) as bad:
+            return f"{os.path.join(folder, name)} is damaged or truncated ({one_line(bad, 160)})"
+    if len(names) == 1:
+        where = os.path.join(folder, names[0])
+    return f"cannot read {where} ({one_line(err, 160)})"
 
 
 def _quiet_gguf_progress() -> None:
