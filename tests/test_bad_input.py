@@ -1,4 +1,5 @@
-"""Damaged inputs end in one line and exit 2, never a traceback: a truncated model.safetensors."""
+"""Damaged inputs end in one line and exit 2, never a traceback: a truncated model.safetensors, and a
+profile's side file (trace, speedscope, py-spy, ops trace) given to `specview report`."""
 
 import os
 import subprocess
@@ -38,3 +39,28 @@ def test_truncated_safetensors_subprocess(truncated_model):
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and weights in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+SIDE_FILES = {  # suffix -> content, as the recorder writes them beside X.json
+    ".trace.json": b'{"traceEvents": []}',
+    ".ops.trace.json": b'{"traceEvents": [], "deviceProperties": []}',
+    ".speedscope.json": b'{"$schema": "https://www.speedscope.app/file-format-schema.json", "profiles": []}',
+    ".py-spy.speedscope.json": b'{"$schema": "https://www.speedscope.app/file-format-schema.json", "profiles": []}',
+}
+
+
+@pytest.mark.parametrize("suffix", sorted(SIDE_FILES))
+def test_report_on_a_side_file_points_to_its_profile(capsys, tmp_path, suffix):
+    stem = tmp_path / "run-20260101-120000"
+    side = f"{stem}{suffix}"
+    with open(side, "wb") as f:
+        f.write(SIDE_FILES[suffix])
+    code, out, err = run_cli(capsys, "report", side)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "run-20260101-120000.json, which is not there" in err
+    assert ".py-spy.json" not in err and ".ops.json" not in err
+    profile = f"{stem}.json"
+    with open(profile, "w") as f:
+        f.write("{}")
+    code, out, err = run_cli(capsys, "report", side)
+    assert code == 2 and f"`specview report {profile}`" in err
