@@ -262,3 +262,14 @@ def test_a_truncated_cached_gguf_model_is_rebuilt_not_a_crash(tiny_gguf, cache_r
     assert lm.model.config.name_or_path != str(entry)  # rebuilt from the GGUF
     assert entry_problem(entry) is None and weights.stat().st_size > 100
     assert load_model(tiny_gguf, cpu).model.config.name_or_path == str(entry)
+
+
+def test_the_cli_uses_the_cache_and_no_cache_skips_it(capsys, tiny_gguf, cache_root):
+    from helpers import run_cli
+
+    argv = ["run", "--target", tiny_gguf, "--draft", tiny_gguf + "@bfloat16", "--prompt", "the theme", "-N", "4",
+            "--quiet"]
+    code, out, err = run_cli(capsys, *argv, "--no-cache")
+    assert code == 0 and entries(cache_root) == []
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0 and len(entries(cache_root)) == 1 and not err.strip()
