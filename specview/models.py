@@ -150,32 +150,113 @@ def _hub_reachable(timeout_s: float = 2.0) -> bool:
         return False
 
 
-def _load_source(src: ModelSource, spec: str):
+def _load_source(src: ModelSource, spec: str, cache: bool = True, say: Callable[[str], None] | None = None):
+    if src.gguf_file and cache:
+        return _load_gguf_cached(src, spec, say or (lambda msg: None))
+    return _from_pretrained(src, spec)
+
+
+def _from_pretrained(src: ModelSource, spec: str, folder: str | None = None):
+    """from_pretrained of the source, or of `folder` (a save_pretrained folder standing for it: the
+    weights cache), in float32 for a GGUF source as for the direct load, as stored otherwise."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    kwargs = {"gguf_file": src.gguf_file} if src.gguf_file else {}
-    if src.gguf_file:
+    path = folder or src.path
+    kwargs = {"gguf_file": src.gguf_file} if src.gguf_file and not folder else {}
+    if kwargs:
         _quiet_gguf_progress()
     if not src.local and not _in_local_cache(src.path) and not _hub_reachable():
         # Fail in a second instead of a minute of retries with a traceback-like log per retry.
         raise _hub_error(spec, OSError("cannot connect"))
     # GGUF loading logs conversion progress and quantization notes that do not apply to a float32 load.
-    previous = hf_logging.get_verbosity()
+    previous, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(src.path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch.float32 if src.gguf_file else "auto", **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if src.gguf_file else "auto", **kwargs)
     except (OSError, ValueError, KeyError) as err:
+        if folder:
+            raise SpecviewError(f"cannot load {folder}: {one_line(err)}") from err
         if src.local:
             raise SpecviewError(f"cannot load '{spec}': {one_line(err)}") from err
         raise _hub_error(spec, err) from err
+    except Exception as err:  # e.g. safetensors' SafetensorError on a truncated file: not a traceback
+        if src.local and type(err).__module__.startswith(("safetensors", "tokenizers")):
+            raise SpecviewError(f"cannot load '{spec}': {_bad_file(path, err)}") from err
+        raise
     finally:
         hf_logging.set_verbosity(previous)
-        hf_logging.enable_progress_bar()
+        if bars:
+            hf_logging.enable_progress_bar()
     model.eval()
     return model, tokenizer
+
+
+def _load_gguf_cached(src: ModelSource, spec: str, say: Callable[[str], None]):
+    """A GGUF source through the weights cache (specview/weights_cache.py): converted once, then loaded
+    from a save_pretrained folder, as float32 as the direct load."""
+    from specview import weights_cache
+
+    gguf_path = os.path.join(src.path, src.gguf_file)
+
+    def build():
+        say(f"converting {src.gguf_file} (first start only: the result is cached)")
+        model, tokenizer = _from_pretrained(src, spec)
+        quantizer = getattr(model, "hf_quantizer", None)
+        if quantizer is not None and _all_plain(model):
+            # Dequantized on load: a plain float32 model that only still carries the GGUF quantizer,
+            # which makes save_pretrained refuse it and from_pretrained look for the .gguf again.
+            quantizer.remove_quantization_config(model)
+        return model, tokenizer
+
+    def save(obj, folder):
+        model, tokenizer = obj
+        if getattr(model, "hf_quantizer", None) is not None:
+            raise ValueError("the model kept GGUF-packed layers; only a dequantized model is cached")
+        from transformers.utils import logging as hf_logging
+
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # "Writing model shards" on stderr
+        try:
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
+
+    def load(folder):
+        return _from_pretrained(src, spec, str(folder))
+
+    try:
+        key = weights_cache.gguf_key_inputs(gguf_path)
+    except OSError as err:
+        raise SpecviewError(f"cannot read {gguf_path}: {err.strerror}") from err
+    (model, tokenizer), _how = weights_cache.cached_load(key, build, save, load, name=os.path.splitext(src.gguf_file)[0])
+    return model, tokenizer
+
+
+def _all_plain(model: torch.nn.Module) -> bool:
+    """Every parameter a float32 tensor and no transformers GGUF layer left (weights kept packed)."""
+    return all(p.dtype == torch.float32 for p in model.parameters()) and not any(
+        type(m).__module__.startswith("transformers.integrations.gguf") for m in model.modules())
+
+
+def _bad_file(folder: str, err: Exception) -> str:
+    """Name the file a low-level reader choked on: safetensors' messages do not say which."""
+    from specview.weights_cache import check_safetensors
+
+    where = folder
+    names = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")) if os.path.isdir(folder) else []
+    for name in names:
+        try:
+            check_safetensors(os.path.join(folder, name))
+        except (OSError, ValueError) as bad:
+            return f"{os.path.join(folder, name)} is damaged or truncated ({one_line(bad, 160)})"
+    if len(names) == 1:
+        where = os.path.join(folder, names[0])
+    return f"cannot read {where} ({one_line(err, 160)})"
 
 
 def _quiet_gguf_progress() -> None:
@@ -189,16 +270,18 @@ def _quiet_gguf_progress() -> None:
     gguf_utils.tqdm = partial(tqdm, disable=True)
 
 
-def load_model(spec: str, device: torch.device, loaded: dict | None = None) -> LoadedModel:
+def load_model(spec: str, device: torch.device, loaded: dict | None = None, *, cache: bool = True,
+               on_progress: Callable[[str], None] | None = None) -> LoadedModel:
     """Load one spec. `loaded` caches by source, as loaded: a second spec with the same source shares
     that model, or gets a cast copy if it asks for another dtype (the default pair: one GGUF load, a
-    bfloat16 copy for the draft). The cached model itself is never cast."""
+    bfloat16 copy for the draft). The cached model itself is never cast. `cache=False` skips the disk
+    cache of converted GGUF models (specview/weights_cache.py)."""
     src = parse_spec(spec)
     key = (src.path, src.gguf_file)
     if loaded is not None and key in loaded:
         base, tokenizer = loaded[key]
     else:
-        base, tokenizer = _load_source(src, spec)
+        base, tokenizer = _load_source(src, spec, cache, on_progress)
         if loaded is not None:
             loaded[key] = (base, tokenizer)
     model = base
@@ -208,10 +291,22 @@ def load_model(spec: str, device: torch.device, loaded: dict | None = None) -> L
         check_int4_supported(base, device)  # one line naming the layer or the device, before any work
         model = int4_copy(base.to(device))
     elif src.dtype is not None and src.dtype != next(base.parameters()).dtype:
-        model = copy.deepcopy(base).to(src.dtype)
+        model = cast_copy(base, src.dtype)
     model = model.to(device)
     dtype = next(model.parameters()).dtype
     return LoadedModel(spec, model, tokenizer, device, dtype, context_length(model.config))
+
+
+def cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """`copy.deepcopy(model).to(dtype)` without the full-precision intermediate copy: each parameter
+    is cast straight into the copy (deepcopy's memo maps it; tied weights stay tied), then `.to`
+    casts the buffers as before. About half the time (0.3 s instead of 0.6 s for SmolLM2-135M)."""
+    memo: dict = {}
+    with torch.no_grad():
+        for p in model.parameters():  # each shared parameter once; .to(dtype) casts only floating ones
+            if p.is_floating_point():
+                memo[id(p)] = torch.nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=p.requires_grad)
+    return copy.deepcopy(model, memo).to(dtype)
 
 
 def load_pair(
@@ -219,16 +314,18 @@ def load_pair(
     draft_spec: str | None,
     device: torch.device,
     on_progress: Callable[[str], None] | None = None,
+    *,
+    cache: bool = True,
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load target and draft (None for autoregressive only) and check they can work together."""
     say = on_progress or (lambda msg: None)
     loaded: dict = {}
     say(f"loading target {target_spec}")
-    target = load_model(target_spec, device, loaded)
+    target = load_model(target_spec, device, loaded, cache=cache, on_progress=on_progress)
     draft = None
     if draft_spec:
         say(f"loading draft {draft_spec}")
-        draft = load_model(draft_spec, device, loaded)
+        draft = load_model(draft_spec, device, loaded, cache=cache, on_progress=on_progress)
         check_same_vocab(target, draft)
     return target, draft
 

@@ -42,6 +42,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="auto picks cuda, then mps, then cpu")
     g.add_argument("--threads", type=number_type(int, "--threads", lambda v: v >= 1, ">= 1"), default=DEFAULTS.threads,
                    help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--no-cache", dest="cache", action="store_false",
+                   help="convert a .gguf on every start instead of using (and filling) the converted-weights cache "
+                        "in $SPECVIEW_CACHE_DIR, $XDG_CACHE_HOME/specview or ~/.cache/specview")
     g = p.add_argument_group("generation")
     g.add_argument("--prompt", "--input-str", default=DEFAULTS.prompt, help="the prompt text ('' starts from BOS)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")

@@ -92,11 +92,10 @@ def load(path: str) -> tuple[str, dict]:
     if not isinstance(doc, dict):
         raise SpecviewError(f"{path} holds a JSON {type(doc).__name__}, not a specview profile or bench file")
     if "traceEvents" in doc:
-        raise SpecviewError(f"{path} is a Chrome trace: open it in https://ui.perfetto.dev; "
-                            f"`specview report` reads the profile beside it ({_profile_beside(path)})")
+        raise SpecviewError(f"{path} is a Chrome trace: open it in https://ui.perfetto.dev; {_profile_beside(path)}")
     if "speedscope" in str(doc.get("$schema", "")):
         raise SpecviewError(f"{path} is a speedscope file: open it in https://www.speedscope.app; "
-                            f"`specview report` reads the profile beside it ({_profile_beside(path)})")
+                            f"{_profile_beside(path)}")
     schema = doc.get("schema")
     if not isinstance(schema, str):
         raise SpecviewError(f"{path} is JSON but not a specview profile or bench file (no \"schema\" field)")
@@ -132,10 +131,16 @@ def _bad_json(path: str, text: str, err: json.JSONDecodeError) -> str:
 
 
 def _profile_beside(path: str) -> str:
-    for suffix in (".trace.json", ".speedscope.json", ".ops.trace.json", ".py-spy.speedscope.json"):
+    """The profile a side file belongs to: X.json for X.trace.json, X.ops.trace.json,
+    X.speedscope.json and X.py-spy.speedscope.json (longest suffix first: X.py-spy.speedscope.json
+    is not the speedscope file of an `X.py-spy` profile)."""
+    for suffix in (".py-spy.speedscope.json", ".ops.trace.json", ".speedscope.json", ".trace.json"):
         if path.endswith(suffix):
-            return os.path.basename(path[: -len(suffix)] + ".json")
-    return "<stem>.json"
+            profile = path[: -len(suffix)] + ".json"
+            if os.path.isfile(profile):
+                return f"the profile it belongs to is `specview report {profile}`"
+            return f"`specview report` reads the profile beside it, {os.path.basename(profile)}, which is not there"
+    return "`specview report` reads the profile beside it (<stem>.json)"
 
 
 def _check_shape(path: str, doc: dict) -> None:

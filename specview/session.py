@@ -113,15 +113,15 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
         torch.set_num_threads(settings.threads)
     device = resolve_device(settings.device)
     t0 = time.perf_counter()
-    loaded: dict = {}  # one load per source: the default pair's bfloat16 draft is a copy of the target
+    loaded: dict = {}  # one load per source: the default pair's int4 draft is a copy of the target
     say(f"loading target {settings.target}")
-    target = load_model(settings.target, device, loaded)
+    target = load_model(settings.target, device, loaded, cache=settings.cache, on_progress=say)
     prompt_ids = encode_prompt(target.tokenizer, settings.prompt, settings.chat)
     notes: list[str] = []
 
     def load_draft(spec: str) -> LoadedModel:
         say(f"loading draft {spec}")
-        draft = load_model(spec, device, loaded)
+        draft = load_model(spec, device, loaded, cache=settings.cache, on_progress=say)
         check_same_vocab(target, draft)
         return draft
 

@@ -41,6 +41,7 @@ class Settings:
     threads: int | None = None  # torch intra-op threads; None = torch's default
     ignore_eos: bool = False
     profile_dir: str = "profiles"
+    cache: bool = True  # use the converted-weights cache for .gguf models (--no-cache: off)
 
     @classmethod
     def from_args(cls, args) -> Settings:

@@ -1,7 +1,14 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # no test may reach a model hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The converted-weights cache (specview/weights_cache.py) of a test session lives in a temp folder:
+# tests never read or fill the user's ~/.cache/specview (the bundled model is converted once per session).
+os.environ["SPECVIEW_CACHE_DIR"] = tempfile.mkdtemp(prefix="specview-test-cache-")
+atexit.register(shutil.rmtree, os.environ["SPECVIEW_CACHE_DIR"], True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -1,5 +1,6 @@
 """The real default pair: the bundled SmolLM2-135M GGUF as float32 target and its int4 copy as draft
-(the target's own 4-bit codes on torch's int4 kernel). One load for the module; no timing is asserted."""
+(the target's own 4-bit codes on torch's int4 kernel). One load for the module (which also fills the
+weights cache); no timing is asserted."""
 
 import pytest
 import torch
@@ -58,3 +59,21 @@ def test_ngram_and_int4_are_greedy_equal_on_a_copy_prompt(bundled):
         steps = list(Decoder(target, drafter, greedy, k=4).generate(prompt, 24))
         assert [t for s in steps for t in s.emitted] == ar
         assert sum(s.accepted for s in steps) > 0
+
+
+def test_a_second_load_reads_the_weights_cache_and_gives_the_same_model(bundled):
+    """The module's load converted the GGUF and cached it (conftest points the cache at a temp folder);
+    this one reads that cache: same weights, tokenizer and greedy output as the GGUF load."""
+    target, _ = bundled
+    cached, _ = load_pair(DEFAULT_TARGET, None, torch.device("cpu"))
+    assert cached.model.config.name_or_path != target.model.config.name_or_path  # the cache folder
+    assert cached.dtype == torch.float32 and cached.context_len == target.context_len
+    a, b = target.model.state_dict(), cached.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert cached.tokenizer.get_vocab() == target.tokenizer.get_vocab()
+    assert cached.tokenizer.chat_template == target.tokenizer.chat_template
+    prompt = encode_prompt(target.tokenizer, DEFAULT_PROMPT, chat=False)
+    assert encode_prompt(cached.tokenizer, DEFAULT_PROMPT, chat=False) == prompt
+    greedy = SamplingConfig(temperature=0)
+    runs = [[t for s in Decoder(lm, None, greedy).generate(prompt, 8) for t in s.emitted] for lm in (target, cached)]
+    assert runs[0] == runs[1]

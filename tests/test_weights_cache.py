@@ -1,0 +1,275 @@
+"""The converted-weights cache (specview/weights_cache.py): the cache layer on a tiny save_pretrained
+model, then the whole GGUF path through load_model on a tiny GGUF written with the `gguf` package.
+Every test gets its own cache dir (SPECVIEW_CACHE_DIR = a tmp_path): the user's cache is never touched."""
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import tiny
+from specview import weights_cache
+from specview.models import load_model
+from specview.weights_cache import MARKER, cached_load, entry_path, entry_problem
+
+
+@pytest.fixture(autouse=True)
+def cache_root(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SPECVIEW_CACHE_DIR", str(root))
+    return root
+
+
+class Counter:
+    """build / save / load for cached_load on a tiny Llama, counting the builds."""
+
+    def __init__(self, seed=0):
+        self.builds = 0
+        self.seed = seed
+
+    def build(self):
+        self.builds += 1
+        return tiny.make_model("llama", 16, self.seed), tiny.make_tokenizer(16)
+
+    @staticmethod
+    def save(obj, folder):
+        tiny.save(*obj, folder)
+
+    @staticmethod
+    def load(folder):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), AutoTokenizer.from_pretrained(folder)
+
+    def __call__(self, key=None):
+        return cached_load(key or {"source_sha256": "abc"}, self.build, self.save, self.load, name="tiny")
+
+
+def same_weights(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    assert weights_cache.cache_dir() == tmp_path / "cache"
+    monkeypatch.delenv("SPECVIEW_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert weights_cache.cache_dir() == tmp_path / "xdg" / "specview"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert weights_cache.cache_dir() == tmp_path / "home" / ".cache" / "specview"
+
+
+def test_first_call_builds_and_writes_the_second_loads(cache_root):
+    c = Counter()
+    (model, _), how = c()
+    assert (how, c.builds) == ("built", 1)
+    entry = entry_path("tiny", {"source_sha256": "abc"})
+    assert entry.parent == cache_root and entry_problem(entry) is None
+    files = json.loads((entry / MARKER).read_text())["files"]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(files)
+    (again, tok), how = c()
+    assert (how, c.builds) == ("hit", 1)  # build not called
+    assert same_weights(model, again) and tok("w1 w2")["input_ids"] == [4, 5]
+    assert [p.name for p in cache_root.iterdir()] == [entry.name]  # no temp folder left behind
+
+
+@pytest.mark.parametrize("damage", ["truncate", "missing", "bad json", "no marker", "bad marker"])
+def test_a_damaged_entry_is_rebuilt(damage):
+    c = Counter()
+    c()
+    entry = entry_path("tiny", {"source_sha256": "abc"})
+    if damage == "truncate":
+        path = entry / "model.safetensors"
+        os.truncate(path, path.stat().st_size // 2)
+    elif damage == "missing":
+        (entry / "config.json").unlink()
+    elif damage == "bad json":  # same size, so only parsing it tells
+        size = (entry / "config.json").stat().st_size
+        (entry / "config.json").write_text("{" * size)
+    elif damage == "no marker":
+        (entry / MARKER).unlink()
+    else:
+        (entry / MARKER).write_text("{not json")
+    assert entry_problem(entry) is not None
+    (model, _), how = c()
+    assert (how, c.builds) == ("built", 2)
+    assert entry_problem(entry) is None
+    assert c()[1] == "hit" and c.builds == 2
+
+
+def test_a_safetensors_header_that_lies_is_caught(tmp_path):
+    c = Counter()
+    c()
+    path = entry_path("tiny", {"source_sha256": "abc"}) / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[:8] = (len(data) * 2).to_bytes(8, "little")  # header length past the end, file size unchanged
+    path.write_bytes(bytes(data))
+    assert "past the end" in entry_problem(path.parent)
+    assert c()[1] == "built"
+
+
+def test_an_entry_that_fails_to_load_is_rebuilt():
+    c = Counter()
+    c()
+    calls = []
+
+    def bad_load(folder):
+        calls.append(folder)
+        raise RuntimeError("boom")
+
+    obj, how = cached_load({"source_sha256": "abc"}, c.build, c.save, bad_load, name="tiny")
+    assert how == "built" and len(calls) == 1 and c.builds == 2
+
+
+def test_a_leftover_temp_folder_is_ignored_and_a_stale_one_removed(cache_root):
+    cache_root.mkdir(parents=True)
+    entry = entry_path("tiny", {"source_sha256": "abc"})
+    fresh = cache_root / f"{weights_cache.TMP_PREFIX}{entry.name}-killed"
+    stale = cache_root / f"{weights_cache.TMP_PREFIX}{entry.name}-old"
+    for folder in (fresh, stale):  # a build killed half way: some files, no marker
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(b"\0" * 10)
+    old = time.time() - 2 * weights_cache.STALE_TMP_S
+    os.utime(stale, (old, old))
+    c = Counter()
+    assert c()[1] == "built" and c()[1] == "hit"
+    assert fresh.exists() and not stale.exists()  # a fresh one may be another process's build in progress
+
+
+def test_a_failed_write_still_returns_the_model(cache_root):
+    cache_root.parent.mkdir(parents=True, exist_ok=True)
+    cache_root.write_text("a file where the cache folder should be")
+    c = Counter()
+    (model, _), how = c()
+    assert how == "built, not cached" and isinstance(model, torch.nn.Module)
+
+    def failing_save(obj, folder):
+        raise ValueError("not serializable")
+
+    cache_root.unlink()
+    obj, how = cached_load({"source_sha256": "abc"}, c.build, failing_save, c.load, name="tiny")
+    assert how == "built, not cached"
+    assert not any(cache_root.iterdir())  # the temp folder is gone, no entry was made
+
+
+def test_the_key_follows_the_bytes_not_the_path(tmp_path):
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    a.write_bytes(b"GGUF" + b"\1" * 100)
+    b.write_bytes(b"GGUF" + b"\1" * 100)
+    ka, kb = weights_cache.gguf_key_inputs(a), weights_cache.gguf_key_inputs(b)
+    assert ka == kb and entry_path("m", ka) == entry_path("m", kb)
+    assert ka["torch"] == torch.__version__ and "transformers" in ka
+    b.write_bytes(b"GGUF" + b"\1" * 99 + b"\2")  # one byte differs
+    kb = weights_cache.gguf_key_inputs(b)
+    assert kb["source_sha256"] != ka["source_sha256"] and entry_path("m", ka) != entry_path("m", kb)
+    assert entry_path("m", ka) != entry_path("m", {**ka, "transformers": "0.0"})
+
+
+# ---- the GGUF path end to end, on a tiny GGUF (a Llama, byte-level BPE tokenizer, float32 tensors)
+
+def write_tiny_gguf(path, seed=0, layers=2, hidden=32, ffn=64, heads=2, kv=1, ctx=256):
+    import gguf
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    rng = np.random.default_rng(seed)
+    spelled = bytes_to_unicode()
+    tokens = [spelled[b] for b in range(256)] + ["Ġt", "he", "Ġthe", "<|endoftext|>", "<|im_start|>"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(ctx)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 2) + [3, 3])  # the last two are control tokens
+    w.add_token_merges(["Ġ t", "h e", "Ġt he"])
+    w.add_bos_token_id(len(tokens) - 2)
+    w.add_eos_token_id(len(tokens) - 2)
+
+    def rand(*shape):
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    head = hidden // heads
+    w.add_tensor("token_embd.weight", rand(len(tokens), hidden))
+    for i in range(layers):
+        for name, shape in (("attn_q", (hidden, hidden)), ("attn_k", (kv * head, hidden)),
+                            ("attn_v", (kv * head, hidden)), ("attn_output", (hidden, hidden)),
+                            ("ffn_gate", (ffn, hidden)), ("ffn_up", (ffn, hidden)), ("ffn_down", (hidden, ffn))):
+            w.add_tensor(f"blk.{i}.{name}.weight", rand(*shape))
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    w.add_tensor("output.weight", rand(len(tokens), hidden))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+def entries(root):
+    return sorted(p for p in root.iterdir() if not p.name.startswith(".")) if root.exists() else []
+
+
+def test_gguf_load_goes_through_the_cache_and_matches_the_direct_load(tiny_gguf, cache_root):
+    cpu = torch.device("cpu")
+    direct = load_model(tiny_gguf, cpu, cache=False)
+    assert entries(cache_root) == []  # --no-cache neither reads nor writes
+    first = load_model(tiny_gguf, cpu)
+    (entry,) = entries(cache_root)
+    assert entry.name.startswith("tiny-") and entry_problem(entry) is None
+    assert first.model.config.name_or_path != str(entry)  # built from the GGUF, not read back
+    second = load_model(tiny_gguf + "@bfloat16", cpu)
+    assert second.model.config.name_or_path == str(entry)  # read from the cache
+    assert second.dtype == torch.bfloat16 and first.dtype == direct.dtype == torch.float32
+    hit = load_model(tiny_gguf, cpu)
+    for lm in (first, hit):
+        assert same_weights(direct.model, lm.model)
+        assert lm.context_len == direct.context_len == 256
+        assert lm.tokenizer.get_vocab() == direct.tokenizer.get_vocab()
+        assert lm.tokenizer.eos_token_id == direct.tokenizer.eos_token_id
+        assert lm.model.generation_config.eos_token_id == direct.model.generation_config.eos_token_id
+        text = "the theme <|im_start|>then"
+        assert lm.tokenizer(text)["input_ids"] == direct.tokenizer(text)["input_ids"]
+    ids = torch.tensor([[1, 2, 3, 257, 258]])
+    with torch.no_grad():
+        assert torch.equal(direct.model(ids).logits, hit.model(ids).logits)
+
+
+def test_a_truncated_cached_gguf_model_is_rebuilt_not_a_crash(tiny_gguf, cache_root):
+    cpu = torch.device("cpu")
+    load_model(tiny_gguf, cpu)
+    (entry,) = entries(cache_root)
+    weights = entry / "model.safetensors"
+    os.truncate(weights, 100)
+    lm = load_model(tiny_gguf, cpu)
+    assert lm.model.config.name_or_path != str(entry)  # rebuilt from the GGUF
+    assert entry_problem(entry) is None and weights.stat().st_size > 100
+    assert load_model(tiny_gguf, cpu).model.config.name_or_path == str(entry)
+
+
+def test_the_cli_uses_the_cache_and_no_cache_skips_it(capsys, tiny_gguf, cache_root):
+    from helpers import run_cli
+
+    argv = ["run", "--target", tiny_gguf, "--draft", tiny_gguf + "@bfloat16", "--prompt", "the theme", "-N", "4",
+            "--quiet"]
+    code, out, err = run_cli(capsys, *argv, "--no-cache")
+    assert code == 0 and entries(cache_root) == []
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0 and len(entries(cache_root)) == 1 and not err.strip()
