@@ -5,7 +5,7 @@ STAMP   := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test bench lint check clean
+.PHONY: install run test bench fidelity lint check clean
 
 install: $(STAMP)
 
@@ -26,7 +26,11 @@ test: install
 	$(PY) -m pytest -q tests
 
 bench: install
-	.venv/bin/specview bench --peer hf --temperature 0 -N 48 $(ARGS)
+	.venv/bin/specview bench --peer hf --temperature 0 -N 48 --draft smollm2-135m@int4,ngram,smollm2-135m@bfloat16 $(ARGS)
+
+# The TUI's timings against a headless run of the same settings (issue: measure without disturbing).
+fidelity: install
+	$(PY) -m specview.bench.fidelity --rounds 2 --threads 1 $(ARGS)
 
 lint: install
 	.venv/bin/ruff check specview tests
