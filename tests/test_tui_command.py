@@ -57,6 +57,6 @@ def test_tui_command_saves_the_profile_when_the_app_crashes(headless_tui, capsys
 
     code = headless_tui(crash)
     err = capsys.readouterr().err
-    assert code == 1
+    assert code == 1, err
     assert "a bug in a widget" in err  # Textual's traceback
     assert "profile written: " in err
