@@ -10,43 +10,9 @@ import os
 import sys
 
 from specview.errors import SpecviewError
-from specview.options import Parser, add_run_options, number_type
+from specview.options import EPILOG, Parser, add_run_options, build_run_parser
 
 SUBCOMMANDS = ("run", "bench", "report")
-EPILOG = """\
-commands:
-  specview [OPTIONS]          the TUI: step through drafted blocks live (needs a terminal)
-  specview run [OPTIONS]      headless: coloured token stream + summary (--jsonl for events)
-  specview bench [OPTIONS]    autoregressive vs speculative (and peers), timed side by side
-  specview report FILE [B]    render a profile or bench file; with two, compare them
-
-MODEL is a hub id (gpt2-xl), a save_pretrained folder, a .gguf file or the bundled
-smollm2-135m, with an optional @float32/@bfloat16/@float16 suffix.
-Colours in the token stream: green = accepted draft token, red = resampled after a
-rejection, blue = bonus token (all K drafts accepted).
-"""
-
-
-def build_run_parser() -> Parser:
-    p = Parser(prog="specview run", description="Headless run: coloured token stream, then a summary.",
-               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    add_run_options(p)
-    g = p.add_argument_group("run")
-    g.add_argument("--method", choices=["speculative", "autoregressive"], default="speculative",
-                   help="autoregressive = the target alone, same code path (default speculative)")
-    g.add_argument("--num-runs", "-R", default=1, type=number_type(int, "--num-runs", lambda v: v >= 1, ">= 1"),
-                   help="independent samples in one process, one generator (default 1)")
-    g.add_argument("--jsonl", metavar="PATH|-", help="write the event stream (one JSON per line); - = stdout")
-    g.add_argument("--profile", action="store_true", help="write a profile to --profile-dir (default profiles/)")
-    g.add_argument("--profile-ops", action="store_true",
-                   help="also capture every operator with torch.profiler (own Chrome trace + top-operators table; "
-                        "slows the run; implies --profile)")
-    g.add_argument("--py-spy", action="store_true",
-                   help="also sample the process with py-spy (speedscope file beside the profile; implies --profile)")
-    g.add_argument("--quiet", "-q", action="store_true", help="no token stream, only the summary")
-    return p
-
-
 def build_tui_parser() -> Parser:
     p = Parser(prog="specview", description="See and measure speculative decoding. With no command: the TUI.",
                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)

@@ -36,8 +36,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", "--target-model", default=DEFAULTS.target, metavar="MODEL",
                    help=f"the model whose distribution the output follows (default {DEFAULTS.target})")
-    g.add_argument("--draft", "--draft-model", default=DEFAULTS.draft, metavar="MODEL",
-                   help=f"the small model that proposes K tokens per step (default {DEFAULTS.draft})")
+    g.add_argument("--draft", "--draft-model", default=DEFAULTS.draft, metavar="SPEC[,SPEC..]",
+                   help="what proposes K tokens per step: MODEL[@dtype] (dtype float32, bfloat16, float16 or int4), "
+                        "ngram[:max=4,min=1] (prompt lookup), self:skip=4-9,15 or self:auto (the target skipping "
+                        f"layers); a comma-separated list for bench, eval and the TUI's d key (default {DEFAULTS.draft})")
     g.add_argument("--device", default=DEFAULTS.device, choices=["auto", "cpu", "cuda", "mps"],
                    help="auto picks cuda, then mps, then cpu")
     g.add_argument("--threads", type=number_type(int, "--threads", lambda v: v >= 1, ">= 1"), default=DEFAULTS.threads,
@@ -63,3 +65,38 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-sequence token")
     g.add_argument("--profile-dir", default=None, metavar="DIR",
                    help=f"where profile files go (default {DEFAULTS.profile_dir}/)")
+
+
+EPILOG = """\
+commands:
+  specview [OPTIONS]          the TUI: step through drafted blocks live (needs a terminal)
+  specview run [OPTIONS]      headless: coloured token stream + summary (--jsonl for events)
+  specview bench [OPTIONS]    autoregressive vs speculative (and peers), timed side by side
+  specview report FILE [B]    render a profile or bench file; with two, compare them
+
+MODEL is a hub id (gpt2-xl), a save_pretrained folder, a .gguf file or the bundled
+smollm2-135m, with an optional @float32/@bfloat16/@float16/@int4 suffix. --draft also
+takes ngram[:max=4,min=1] and self:skip=LAYERS / self:auto, or a list of drafters.
+Colours in the token stream: green = accepted draft token, red = resampled after a
+rejection, blue = bonus token (all K drafts accepted).
+"""
+
+
+def build_run_parser() -> Parser:
+    p = Parser(prog="specview run", description="Headless run: coloured token stream, then a summary.",
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    add_run_options(p)
+    g = p.add_argument_group("run")
+    g.add_argument("--method", choices=["speculative", "autoregressive"], default="speculative",
+                   help="autoregressive = the target alone, same code path (default speculative)")
+    g.add_argument("--num-runs", "-R", default=1, type=number_type(int, "--num-runs", lambda v: v >= 1, ">= 1"),
+                   help="independent samples in one process, one generator (default 1)")
+    g.add_argument("--jsonl", metavar="PATH|-", help="write the event stream (one JSON per line); - = stdout")
+    g.add_argument("--profile", action="store_true", help="write a profile to --profile-dir (default profiles/)")
+    g.add_argument("--profile-ops", action="store_true",
+                   help="also capture every operator with torch.profiler (own Chrome trace + top-operators table; "
+                        "slows the run; implies --profile)")
+    g.add_argument("--py-spy", action="store_true",
+                   help="also sample the process with py-spy (speedscope file beside the profile; implies --profile)")
+    g.add_argument("--quiet", "-q", action="store_true", help="no token stream, only the summary")
+    return p

@@ -4,7 +4,7 @@
     python -m specview.bench.startup --warm 5 --no-baseline
 
 Each run is a fresh process on the bundled pair with SPECVIEW_CACHE_DIR pointed at a temp folder
-(cold = the first run on it). The child runs the real `specview.cli.main`, with timing wrappers
+(cold = the first run on it). The child runs the real `specview run` (runner.run_command), with timing wrappers
 around the pieces of a start: the imports, the GGUF hash, the tokenizer and model loads, the
 bfloat16 draft copy and the weight packing (fastlinear.install); "ready" is the moment the Decoder
 exists, i.e. the first step could start. Figures are wall seconds; on a shared machine they move
@@ -40,7 +40,7 @@ def child(out_path: str, extra: list[str]) -> int:
     import transformers.models.llama.modeling_llama  # noqa: F401
 
     marks["import transformers (modeling, tokenizers)"] = time.time() - launched
-    from specview import cli, engine, fastlinear, models, runner, weights_cache  # noqa: F401
+    from specview import engine, fastlinear, models, options, runner, weights_cache  # noqa: F401
 
     marks["import specview"] = time.time() - launched
 
@@ -72,7 +72,7 @@ def child(out_path: str, extra: list[str]) -> int:
 
     engine.Decoder.__init__ = ready
     cpu0 = time.process_time()
-    code = cli.main(RUN + extra)
+    code = runner.run_command(options.build_run_parser().parse_args(RUN[1:] + extra))
     marks["exit of main (after the 1-token run and the summary)"] = time.time() - launched
     with open(out_path, "w") as f:
         json.dump({"marks": marks, "spans": spans, "code": code, "cpu_s": time.process_time(),

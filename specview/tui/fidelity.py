@@ -1,7 +1,7 @@
 """Does watching change what is measured? The TUI against a headless `specview run`, same settings, in one
 sitting (docs/design.md, "Engine stream"):
 
-    python -m specview.bench.fidelity [--rounds 2] [run options, e.g. --threads 1]      (make fidelity)
+    python -m specview.tui.fidelity [--rounds 2] [run options, e.g. --threads 1]      (make fidelity)
 
 Each round runs `specview run --profile` and then the TUI (headless, through Pilot, with its engine in a
 child process as always: `r` until the run ends, then `q`), and reads both profiles. Per round and
@@ -72,7 +72,7 @@ def tui(run_args: list[str], folder: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specview.bench.fidelity", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specview.tui.fidelity", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2, help="headless + TUI pairs (default 2)")
     args, run_args = p.parse_known_args(argv)
     console = Console(width=max(Console().width, 150))
