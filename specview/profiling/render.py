@@ -182,7 +182,8 @@ def roofline_table(roof: dict) -> Table:
                           f"Bandwidth probe: {roof.get('probe') or 'n/a'}", caption_justify="left")
     for col in ("model", "forwards", "MB read", "floor ms", "measured ms", "share", "above floor ms"):
         table.add_column(col, justify="left" if col == "model" else "right")
-    rows = [("target", roof.get("target")), ("draft", roof.get("draft"))]
+    rows = [("target", roof.get("target")), ("  one-token (autoregressive)", roof.get("target_one_token")),
+            ("draft", roof.get("draft"))]
     rows += [(f"  {spec}", fig) for spec, fig in (roof.get("drafters") or {}).items()]
     for name, fig in rows:
         if isinstance(fig, dict):
