@@ -78,7 +78,8 @@ def break_even(f: Figures) -> str | None:
     c_star = break_even_cost(f.e, f.v, f.k_drafted)
     if c_star is None or f.c is None:
         return None
-    how = f"c* = (E - v) / K with E {f.e:.2f} tokens per step, v {f.v:.2f}, K {f.k_drafted:g}"
+    k = f"{f.k_drafted:.0f}" if f.k_drafted == int(f.k_drafted) else f"{f.k_drafted:.2f} (drafts made per step)"
+    how = f"c* = (E - v) / K with E {f.e:.2f} tokens per step, v {f.v:.2f}, K {k}"
     if c_star <= 0:
         return (f"Even a free draft could not gain at this acceptance: a step emits {f.e:.2f} tokens while its "
                 f"verify costs {f.v:.2f} target tokens ({how}).")
