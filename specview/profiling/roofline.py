@@ -24,7 +24,7 @@ import time
 from specview.files import write_json_atomic
 
 PROBE_BYTES = 256 * 2**20  # the streamed tensor: far past any CPU cache, ~10 ms to read
-PROBE_REPEATS = 5  # best of: a shared machine's noise only ever adds time
+PROBE_REPEATS = 20  # best of: a shared machine's noise only ever adds time (~0.2 s in all)
 CACHE_FILE = "bandwidth.json"
 
 
