@@ -39,9 +39,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return bench_command(args)
         if command == "serve":
-            from specview.serve.options import build_serve_parser
+            from specview.serve.options import parse_serve_args
 
-            args = build_serve_parser().parse_args(argv[1:])
+            args = parse_serve_args(argv[1:])
             from specview.serve.command import serve_command
 
             return serve_command(args)

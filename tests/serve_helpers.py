@@ -40,3 +40,14 @@ def stream_records(client: httpx.Client, path: str, body: dict | None = None, he
     with client.stream(method, path, json=body, headers=headers, timeout=TIMEOUT) as response:
         assert response.status_code == 200, response.read()
         return [record for _, record in iter_sse(response.iter_lines())]
+
+
+def wait_for(predicate, what: str, client: httpx.Client) -> dict:
+    """Poll /health until predicate(health) holds: an observable state, not a guess at a duration."""
+    pause = threading.Event()
+    for _ in range(int(TIMEOUT / 0.01)):
+        health = client.get("/health").json()
+        if predicate(health):
+            return health
+        pause.wait(0.01)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from serve_helpers import TIMEOUT, running_server, stream_records
+from serve_helpers import TIMEOUT, running_server, stream_records, wait_for
 
 from specview.serve.client import iter_sse
 from specview.settings import Settings
@@ -26,16 +26,6 @@ def settings(gpt2_paths, tmp_path):
 def metric(page: str, name: str, labels: str = "") -> float:
     match = re.search(rf"^{re.escape(name + labels)} (\S+)$", page, re.M)
     return float(match.group(1)) if match else 0.0
-
-
-def wait_for(predicate, what: str, client: httpx.Client):
-    """Poll /health until predicate(health) holds (an observable state, not a guess at a duration)."""
-    for _ in range(int(TIMEOUT / 0.01)):
-        health = client.get("/health").json()
-        if predicate(health):
-            return health
-        threading.Event().wait(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_load_from_16_clients_is_complete_identical_and_counted(settings):

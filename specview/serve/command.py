@@ -20,7 +20,6 @@ from specview.files import ensure_writable_dir
 from specview.serve.app import create_app
 from specview.serve.hub import EventHub
 from specview.serve.metrics import ServeMetrics
-from specview.serve.options import check_exposure
 from specview.serve.worker import EngineWorker
 from specview.session import Session, open_session
 from specview.settings import Settings
@@ -109,7 +108,6 @@ def listen(host: str, port: int) -> socket.socket:
 def serve_command(args) -> int:
     from specview.tui.backend import time_target_token
 
-    check_exposure(args)
     settings = Settings.from_args(args)
     profile_dir = args.profile_dir or settings.profile_dir
     ensure_writable_dir(profile_dir, "--profile-dir")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from specview.errors import SpecviewError
 from specview.options import EPILOG, Parser, add_run_options, number_type
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 5000  # the seed project's server listened on 5000
@@ -32,10 +33,14 @@ def build_serve_parser() -> Parser:
     return p
 
 
+def parse_serve_args(argv: list[str]) -> argparse.Namespace:
+    args = build_serve_parser().parse_args(argv)
+    check_exposure(args)
+    return args
+
+
 def check_exposure(args) -> None:
     """Refuse to listen beyond loopback without a token: the engine is a CPU/GPU anyone could use."""
     if args.host not in LOOPBACK and not args.token:
-        from specview.errors import SpecviewError
-
         raise SpecviewError(f"--host {args.host} listens beyond this machine: give --token too "
                             "(clients then send `Authorization: Bearer TOKEN`)")
