@@ -91,15 +91,14 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_request(settings):
     """The engine thread is held after it sent the third step until the server has seen the disconnect,
     so the cancel lands exactly at that step boundary; the next request is answered as usual."""
     with running_server(settings) as served, httpx.Client(base_url=served.url) as client:
-        publish = served.worker.publish
+        send = served.worker._send
 
-        def publish_then_hold(record):
-            publish(record)
-            job = served.worker.running
+        def send_then_hold(job, record, publish=True):
+            send(job, record, publish)
             if record["type"] == "step" and record["step"] == 2 and job.request.max_new_tokens == 100:
                 job.cancelled.wait(TIMEOUT)  # what the engine thread does next depends only on the cancel
 
-        served.worker.publish = publish_then_hold
+        served.worker._send = send_then_hold
         body = {"prompt": "w1 w2", "max_new_tokens": 100, "k": 1, "ignore_eos": True, "stream": True}
         with client.stream("POST", "/generate", json=body, timeout=TIMEOUT) as r:
             seen = []

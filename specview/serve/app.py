@@ -62,14 +62,14 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
             body = GenerateRequest(prompt=body.prompt)
         job = worker.submit(body, asyncio.get_running_loop())
         first = await job.records.get()  # start, or the error that kept it from starting (422, 503)
-        if first["type"] == "error":
-            raise ApiError(first["status"], first["error"], first.get("field"))
+        if first[1]["type"] == "error":
+            raise ApiError(first[1]["status"], first[1]["error"], first[1].get("field"))
         return job, first
 
-    async def collect(job: Job, first: dict) -> dict:
-        record = first
+    async def collect(job: Job, first: tuple) -> dict:
+        record = first[1]
         while record["type"] not in ("end", "error"):
-            record = await job.records.get()
+            _, record = await job.records.get()
         if record["type"] == "error":
             raise ApiError(record["status"], record["error"], record.get("field"))
         return record
@@ -82,15 +82,17 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
         return JSONResponse({"text": end["text"], "generated_ids": end["generated_ids"], "summary": end,
                              "request": job.id})
 
-    async def stream(job: Job, record: dict):
+    async def stream(job: Job, item: tuple):
         finished = False
         try:
             while True:
-                yield {"data": json.dumps(record, allow_nan=False)}
+                event_id, record = item
+                # the id is the record's number on /events: a client cut off resumes there (Last-Event-ID)
+                yield {"data": json.dumps(record, allow_nan=False), "id": None if event_id is None else str(event_id)}
                 if record["type"] in ("end", "error"):
                     finished = True
                     return
-                record = await job.records.get()
+                item = await job.records.get()
         finally:
             if not finished:  # the client went away (sse-starlette cancels us): stop at the next step
                 job.cancel()

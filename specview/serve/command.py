@@ -44,7 +44,7 @@ class Served:
         self.sock = sock
         self.metrics = ServeMetrics()
         self.hub = EventHub()
-        self.worker = EngineWorker(session, self.metrics, self.hub.publish_threadsafe, queue_size=queue_size,
+        self.worker = EngineWorker(session, self.metrics, self.hub, queue_size=queue_size,
                                    cap=cap, profile_dir=profile_dir, stop=stop)
         info = {"target": session.target.spec, "drafters": [d.spec for d in session.drafters],
                 "device": str(session.device), "t_ar_ms": t_ar_ms, "load_s": session.load_s,
@@ -64,7 +64,6 @@ class Served:
 
     async def serve(self, signals=()) -> None:
         self.loop = asyncio.get_running_loop()
-        self.hub.bind(self.loop)
         for sig in signals:
             self.loop.add_signal_handler(sig, self._on_signal, sig)
         self.worker.start()

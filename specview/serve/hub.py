@@ -1,5 +1,5 @@
 """GET /events: every record of every request (start, steps, end, each with its request id) to every
-watcher. Lives on the event loop's thread; the engine thread publishes through publish_threadsafe.
+watcher. Lives on the event loop's thread (the engine worker publishes through the loop).
 
 Each record gets an increasing id, sent as the SSE `id:` field. The last KEEP records are kept, so a
 watcher that reconnects with `Last-Event-ID` gets what it missed: a dropped connection loses no step
@@ -44,27 +44,19 @@ class Watcher:
 
 class EventHub:
     def __init__(self):
-        self.loop: asyncio.AbstractEventLoop | None = None
         self.next_id = 0
         self.recent: deque = deque(maxlen=KEEP)
         self.watchers: set[Watcher] = set()
         self.closed = False
 
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-
-    def publish(self, record: dict) -> None:
+    def publish(self, record: dict) -> int:
+        """On the loop's thread -> the record's id."""
         item = (self.next_id, record)
         self.next_id += 1
         self.recent.append(item)
         for watcher in self.watchers:
             watcher.push(item)
-
-    def publish_threadsafe(self, record: dict) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.publish, record)
-        except RuntimeError:  # the loop has closed: the server is gone, nobody watches
-            pass
+        return item[0]
 
     def subscribe(self, last_id: int | None = None) -> Watcher:
         """A watcher of the records after `last_id` (None: from now on)."""

@@ -2,8 +2,9 @@
 bounded queue, on the session loaded at start (docs/design.md, "Serve").
 
 Each request is a Job. The engine thread sends its records (start, one per step, end; or one error) to
-the job's asyncio queue and to the /events hub, both through the event loop's call_soon_threadsafe, so
-the two see the same records in the same order. Between two steps it looks at two flags: the job's
+the job's asyncio queue and to the /events hub in ONE call_soon_threadsafe callback: the hub numbers
+the record and the job gets (that number, record), so a client whose /generate stream drops can pick
+up on /events after the last number it saw. Between two steps it looks at two flags: the job's
 `cancelled` (its client went away) and the server's Stop (SIGINT/SIGTERM: stopping.py). On a stop the
 request in flight ends after its step (stop_reason "interrupted"), the waiting ones are answered 503,
 and the session's profile (every step of every request) is written."""
@@ -24,6 +25,7 @@ from specview.engine import Run, eos_token_ids
 from specview.errors import SpecviewError
 from specview.profiling.recorder import ProfileRecorder
 from specview.runner import start_event
+from specview.serve.hub import EventHub
 from specview.serve.metrics import ServeMetrics
 from specview.serve.schema import ApiError
 from specview.service import step_record
@@ -47,13 +49,6 @@ class Job:
         self.queued_at = time.perf_counter()
         self.sequence_text: str | None = None  # prompt + output decoded as one (set before the end record)
 
-    def put(self, record: dict) -> None:
-        """From the engine thread."""
-        try:
-            self.loop.call_soon_threadsafe(self.records.put_nowait, record)
-        except RuntimeError:  # the loop has closed: nobody is waiting for this
-            pass
-
     def cancel(self) -> None:
         self.cancelled.set()
 
@@ -63,11 +58,11 @@ def error_record(err: ApiError) -> dict:
 
 
 class EngineWorker:
-    def __init__(self, session: Session, metrics: ServeMetrics, publish, *, queue_size: int, cap: int,
+    def __init__(self, session: Session, metrics: ServeMetrics, hub: EventHub, *, queue_size: int, cap: int,
                  profile_dir: str, stop: Stop | None = None):
         self.session = session
         self.metrics = metrics
-        self.publish = publish  # record -> None, thread-safe (EventHub.publish_threadsafe)
+        self.hub = hub
         self.queue_size = queue_size
         self.cap = cap
         self.stop = stop or Stop()
@@ -120,6 +115,11 @@ class EngineWorker:
     def waiting(self) -> int:
         return sum(1 for job in list(self.jobs.queue) if job is not None)
 
+    def _deliver(self, job: Job, record: dict, publish: bool) -> None:
+        """On the loop's thread: number the record in the hub (watchers get it) and hand it to the job."""
+        event_id = self.hub.publish(record) if publish else None
+        job.records.put_nowait((event_id, record))
+
     # the engine thread ----------------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -135,6 +135,12 @@ class EngineWorker:
             self._save_profile()
             self.finished.set()
 
+    def _send(self, job: Job, record: dict, publish: bool = True) -> None:
+        try:
+            job.loop.call_soon_threadsafe(self._deliver, job, record, publish)
+        except RuntimeError:  # the loop has closed: nobody is waiting for this
+            pass
+
     def _drain(self) -> None:
         """Stopping: every request still waiting gets 503."""
         while True:
@@ -143,7 +149,7 @@ class EngineWorker:
             except queue.Empty:
                 break
             if job is not None:
-                job.put(error_record(ApiError(503, SHUTTING_DOWN)))
+                self._send(job, error_record(ApiError(503, SHUTTING_DOWN)), publish=False)
         self.metrics.waiting.set(0)
 
     def _save_profile(self) -> None:
@@ -161,13 +167,12 @@ class EngineWorker:
         try:
             self._run(job)
         except ApiError as err:  # found once it ran: the prompt's tokens, the context (the app counts it)
-            job.put(error_record(err))
+            self._send(job, error_record(err), publish=False)
         except Exception as err:  # noqa: BLE001 - one failed request must not end the server
             self.metrics.requests.labels("error").inc()
             record = {"type": "error", "status": 500, "error": f"{type(err).__name__}: {err}", "field": None,
                       "request": job.id}
-            job.put(record)
-            self.publish(record)
+            self._send(job, record)
         finally:
             self.running = None
             self.metrics.running.set(0)
@@ -213,8 +218,7 @@ class EngineWorker:
         run = Run(decoder, prompt_ids, settings.max_new_tokens, job.id)
         start = start_event(session, decoder.method, 1, settings, prompt_ids)
         start.update(drafter=draft, request=job.id)
-        job.put(start)
-        self.publish(start)
+        self._send(job, start)
         self.metrics.prompt_tokens.inc(len(prompt_ids))
         several = len(self.drafters) > 1
         decode = tokenizer.decode
@@ -227,8 +231,7 @@ class EngineWorker:
             self.metrics.step(step)
             record = step_record(StepView(step, token_texts(decode, before, step), run.summary.prefill_ms))
             record["request"] = job.id
-            job.put(record)
-            self.publish(record)
+            self._send(job, record)
         if not run.done:
             run.summary.stop_reason = "cancelled" if job.cancelled.is_set() else "interrupted"
         run.summary.text = decode(run.generated)
@@ -239,5 +242,4 @@ class EngineWorker:
         end = run.summary.to_json()
         end["request"] = job.id
         job.sequence_text = decode(run.tokens)  # read by the loop once `end` arrives there
-        job.put(end)
-        self.publish(end)
+        self._send(job, end)
