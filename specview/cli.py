@@ -12,11 +12,17 @@ import sys
 from specview.errors import SpecviewError
 from specview.options import EPILOG, Parser, add_run_options, build_run_parser
 
-SUBCOMMANDS = ("run", "bench", "report")
+SUBCOMMANDS = ("run", "bench", "report", "serve")
 def build_tui_parser() -> Parser:
     p = Parser(prog="specview", description="See and measure speculative decoding. With no command: the TUI.",
                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     add_run_options(p)
+    g = p.add_argument_group("attach (the TUI on a remote `specview serve`)")
+    g.add_argument("--attach", metavar="URL", help="watch a `specview serve` at URL (e.g. http://127.0.0.1:5000) "
+                                                   "instead of loading models here")
+    g.add_argument("--token", help="the server's --token, sent as `Authorization: Bearer TOKEN`")
+    g.add_argument("--follow", action="store_true",
+                   help="with --attach: show every request anyone sends (GET /events) instead of sending your own")
     return p
 
 
@@ -38,6 +44,13 @@ def main(argv: list[str] | None = None) -> int:
             from specview.bench.command import bench_command
 
             return bench_command(args)
+        if command == "serve":
+            from specview.serve.options import parse_serve_args
+
+            args = parse_serve_args(argv[1:])
+            from specview.serve.command import serve_command
+
+            return serve_command(args)
         if command == "report":
             from specview.report import build_report_parser, report_command
 
