@@ -12,7 +12,7 @@ import sys
 from specview.errors import SpecviewError
 from specview.options import EPILOG, Parser, add_run_options, build_run_parser
 
-SUBCOMMANDS = ("run", "bench", "report")
+SUBCOMMANDS = ("run", "bench", "report", "eval")
 def build_tui_parser() -> Parser:
     p = Parser(prog="specview", description="See and measure speculative decoding. With no command: the TUI.",
                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
@@ -38,6 +38,13 @@ def main(argv: list[str] | None = None) -> int:
             from specview.bench.command import bench_command
 
             return bench_command(args)
+        if command == "eval":
+            from specview.eval.options import build_eval_parser
+
+            args = build_eval_parser().parse_args(argv[1:])
+            from specview.eval.command import eval_command
+
+            return eval_command(args)
         if command == "report":
             from specview.report import build_report_parser, report_command
 
