@@ -4,11 +4,14 @@ timing is asserted."""
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
+from helpers import run_cli
 from specview.errors import SpecviewError
 from specview.eval.prompts import BUILTIN, load_prompts
 from specview.eval.summary import group_metrics, summarize
@@ -176,3 +179,200 @@ def test_eval_help_loads_no_torch():
             "print(sorted(m for m in ('torch', 'transformers', 'textual', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# --- end to end on tiny models ----------------------------------------------------------------------
+
+PROMPTS = [("w1 w2 w3", "a"), ("w4 w5 w4 w5 w4", "b"), ("w6 w7", "b"), ("w8 w9 w8", "c")]
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    path = tmp_path / "set.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n" for p, c in PROMPTS))
+    return str(path)
+
+
+@pytest.fixture
+def eval_argv(gpt2_paths, prompt_file):
+    return ["eval", "--target", gpt2_paths[0], "--draft", f"{gpt2_paths[1]},ngram", "--prompts", prompt_file,
+            "-N", "10", "-K", "3", "--ignore-eos"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, gpt2_paths):
+    """One whole eval, shared by the tests that only read its outputs."""
+    folder = tmp_path_factory.mktemp("eval")
+    prompts = folder / "set.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n" for p, c in PROMPTS))
+    out = folder / "run.json"
+    argv = ["eval", "--target", gpt2_paths[0], "--draft", f"{gpt2_paths[1]},ngram", "--prompts", str(prompts),
+            "-N", "10", "-K", "3", "--ignore-eos", "--json", str(out)]
+    capsys = _Capture()
+    code = _main(argv, capsys)
+    return code, capsys, out, argv
+
+
+class _Capture:  # the module fixture cannot use capsys: capture stdout/stderr by hand
+    out = err = ""
+
+
+def _main(argv, cap):
+    import contextlib
+    import io
+
+    from specview.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    cap.out, cap.err = out.getvalue(), err.getvalue()
+    return code
+
+
+def test_eval_end_to_end_json_contract(finished):
+    code, cap, out, _ = finished
+    assert code == 0, cap.err
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "specview.eval/1" and doc["complete"] and not doc["interrupted"]
+    assert doc["config"]["drafters"][1] == "ngram" and doc["config"]["temperature"] == 0.0  # eval is greedy by default
+    assert [p["category"] for p in doc["prompts"]] == ["a", "b", "b", "c"]
+    assert all(p["prompt_tokens"] == len(text.split()) for p, (text, _) in zip(doc["prompts"], PROMPTS))
+    assert len(doc["results"]) == 4 * 3
+    for r in doc["results"]:
+        assert {"prompt_id", "method", "drafter", "tokens", "steps", "wall_s", "accepted_lengths", "drafted",
+                "accepted", "same_tokens"} <= set(r)
+        assert r["tokens"] == 10
+        if r["method"] == "speculative":
+            assert r["same_tokens"] is True  # greedy: every drafter emits the target's own tokens
+            assert sum(r["accepted_lengths"]) == r["accepted"] and sum(r["drafted_lengths"]) == r["drafted"]
+            assert len(r["accepted_lengths"]) == r["steps"]
+            assert sum(r["accepted_lengths"]) + r["steps"] == r["tokens"]  # each step adds one target token
+        else:
+            assert r["drafter"] is None and r["same_tokens"] is None and r["accepted_lengths"] == []
+    summary = doc["summary"]
+    assert list(summary) == ["autoregressive", doc["config"]["drafters"][0], "ngram"]
+    for spec in doc["config"]["drafters"]:
+        assert list(summary[spec]["by_category"]) == ["a", "b", "c"]
+        m = summary[spec]["overall"]
+        for key in ("acceptance_rate", "alpha", "mean_accepted_tokens", "accepted_length_histogram",
+                    "per_position_acceptance", "conditional_position_acceptance", "tokens_per_s",
+                    "speedup_mean_of_prompts", "speedup_total_time", "predicted_speedup"):
+            assert key in m, key
+        assert len(m["accepted_length_histogram"]) == 4 and len(m["per_position_acceptance"]) == 3
+        assert m["same_tokens_failures"] == []
+        steps = [r for r in doc["results"] if r["drafter"] == spec]
+        assert m["mean_accepted_tokens"] == pytest.approx(40 / sum(r["steps"] for r in steps))
+    assert "NaN" not in out.read_text()
+    t = doc["meta"]["timing"]
+    assert 0 <= t["overhead_s"] <= t["loop_s"] and t["runs_s"] > 0
+
+
+def test_eval_prints_table_plots_and_writes_plot_files(finished):
+    code, cap, out, _ = finished
+    assert "per category" in cap.out and "ngram" in cap.out and "speedup" in cap.out
+    assert "acceptance rate by category" in cap.out and "accepted length per drafting step" in cap.out
+    png, svg = str(out)[:-5] + ".png", str(out)[:-5] + ".svg"
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and "<svg" in open(svg).read(2000)
+    assert f"results written: {out}" in cap.err and png in cap.err
+
+
+def test_report_renders_and_compares_evals(capsys, finished):
+    _, _, out, _ = finished
+    code, text, err = run_cli(capsys, "report", str(out))
+    assert code == 0, err
+    assert "per category" in text and "given i-1 accepted" in text and "ngram" in text
+    code, text, err = run_cli(capsys, "report", str(out), str(out))
+    assert code == 0, err
+    assert "A: " in text and "B: " in text and "same settings" in text and "speedup, total time" in text
+
+
+def test_eval_stops_after_the_current_prompt_then_resumes(capsys, eval_argv, tmp_path, monkeypatch):
+    """SIGTERM inside the second prompt's first run: that prompt still finishes, the file holds two prompts
+    and says interrupted, exit 130; --resume runs the other two and carries the first two over."""
+    from specview.bench.methods import EngineMethod
+
+    real_run = EngineMethod.run
+    calls = []
+
+    def signal_in_second_prompt(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3 + 4:  # 3 warm-up runs, then prompt 1 (3 runs), then inside prompt 2
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(EngineMethod, "run", signal_in_second_prompt)
+    out = tmp_path / "e.json"
+    code, text, err = run_cli(capsys, *eval_argv, "--json", str(out), "--no-plots")
+    assert code == 130, err
+    doc = json.loads(out.read_text())
+    assert doc["interrupted"] and not doc["complete"]
+    assert sorted({r["prompt_id"] for r in doc["results"]}) == ["1", "2"] and len(doc["results"]) == 6
+    assert "--resume" in err and "2 of 4" in text
+    monkeypatch.setattr(EngineMethod, "run", real_run)
+    code, text, err = run_cli(capsys, *eval_argv, "--resume", str(out), "--no-plots")
+    assert code == 0, err
+    resumed = json.loads(out.read_text())
+    assert resumed["complete"] and not resumed["interrupted"] and resumed["meta"]["resumed_results"] == 6
+    assert resumed["results"][:6] == doc["results"]  # carried over as they were
+    assert sorted({r["prompt_id"] for r in resumed["results"]}) == ["1", "2", "3", "4"]
+
+
+# --- bad input: one line, exit 2, before any model loads ----------------------------------------------
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("models loaded before the input was checked")
+
+    monkeypatch.setattr("specview.eval.command.open_session", refuse)
+
+
+def _one_line_error(code, err, *needles):
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("specview eval: error:")
+    for needle in needles:
+        assert needle in err, err
+
+
+@pytest.mark.parametrize("content, name, needle", [
+    (None, "gone.jsonl", "no such file"),
+    ("", "empty.txt", "is empty"),
+    ('{"prompt": "a"}\nnot json\n', "bad.jsonl", "line 2: not JSON"),
+    ('{"question_id": 1, "category": "x"}\n', "bad.jsonl", "line 1: no \"prompt\" or \"turns\""),
+])
+def test_bad_prompt_file_exits_2_before_load(capsys, tmp_path, no_load, content, name, needle):
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    code, _, err = run_cli(capsys, "eval", "--prompts", str(path))
+    _one_line_error(code, err, needle)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--categories", "qa,poems"], "unknown category 'poems'"),
+    (["--categories", ""], "--categories needs"),
+    (["--limit", "0"], "--limit must be >= 1"),
+    (["--draft", "ngram,ngram"], "twice"),
+    (["--resume", "/nonexistent/e.json"], "no such file"),
+])
+def test_bad_options_exit_2_before_load(capsys, no_load, argv, needle):
+    code, _, err = run_cli(capsys, "eval", *argv)
+    _one_line_error(code, err, needle)
+
+
+def test_resume_refuses_another_config_naming_the_field(capsys, finished, no_load):
+    _, _, out, argv = finished
+    code, _, err = run_cli(capsys, *argv[:-2], "--resume", str(out), "--temperature", "0.7")
+    _one_line_error(code, err, "temperature 0.0", "0.7")
+    code, _, err = run_cli(capsys, *argv[:-2], "--resume", str(out), "--limit", "1")
+    _one_line_error(code, err, "another prompt set")
+
+
+def test_resume_refuses_a_profile_or_bench_file(capsys, tmp_path, no_load):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"schema": "specview.bench/1", "methods": {}}))
+    code, _, err = run_cli(capsys, "eval", "--resume", str(path))
+    _one_line_error(code, err, "not an eval")
