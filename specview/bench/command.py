@@ -242,6 +242,7 @@ def write_profile_files(session, folder: str, timed_speculative: list, doc: dict
     from specview.profiling.recorder import ProfileRecorder
 
     recorder = ProfileRecorder(session, "speculative", folder)
+    recorder.meta["t_ar_ms"] = doc.get("target_ms_per_token")  # t_ar from the autoregressive runs, as bench's c and v
     for record in timed_speculative:
         for step in record.steps:
             recorder.add_step(step)

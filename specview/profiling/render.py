@@ -7,6 +7,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from specview.diagnosis import Figures, diagnose
 from specview.events import fmt
 from specview.phases import PHASES
 from specview.profiling.profile import PHASE_HELP
@@ -52,6 +53,10 @@ def render_profile(path: str, doc: dict) -> Group:
     if overheads:
         parts.append(_title("\nlargest overheads"))
         parts += [Text(f"  {i}. {line}") for i, line in enumerate(overheads, 1)]
+    roof = s.get("roofline")
+    if isinstance(roof, dict):
+        parts += [Text(""), roofline_table(roof)]
+    parts += diagnosis_parts(diagnose(Figures.from_profile(doc)))
     if isinstance(doc.get("ops"), dict):
         parts += [Text(""), ops_table(doc["ops"])]
     parts += [Text(""), phase_glossary()]
@@ -167,6 +172,36 @@ def largest_overheads(s: dict, count: int = 3) -> list[str]:
         add(wasted, f"drafting the {int(drafted - (accepted or 0))} of {int(drafted)} draft tokens that were rejected")
     found.sort(key=lambda item: -item[0])
     return [words for _, words in found[:count]]
+
+
+def roofline_table(roof: dict) -> Table:
+    """Each model's forward against its memory floor (docs/design.md "Roofline and diagnosis")."""
+    table = Table(title=f"roofline: forwards against the memory floor ({fmt(roof.get('bandwidth_gbs'), '{:.1f}')} GB/s "
+                        "measured)", title_justify="left",
+                  caption=f"floor = bytes read (weights + KV cache) / bandwidth; share = floor / measured. "
+                          f"Bandwidth probe: {roof.get('probe') or 'n/a'}", caption_justify="left")
+    for col in ("model", "forwards", "MB read", "floor ms", "measured ms", "share", "above floor ms"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    rows = [("target", roof.get("target")), ("draft", roof.get("draft"))]
+    rows += [(f"  {spec}", fig) for spec, fig in (roof.get("drafters") or {}).items()]
+    for name, fig in rows:
+        if isinstance(fig, dict):
+            table.add_row(name, str(fig.get("forwards")), fmt(_num(fig.get("bytes")) and fig["bytes"] / 1e6, "{:.1f}"),
+                          fmt(fig.get("floor_ms")), fmt(fig.get("ms")), fmt(fig.get("share"), "{:.0%}"),
+                          fmt(fig.get("above_ms")))
+    return table
+
+
+def diagnosis_parts(sentences: list[str]) -> list:
+    """The diagnosis (specview.diagnosis) as a list with hanging indents."""
+    if not sentences:
+        return []
+    table = Table(box=None, show_header=False, padding=(0, 1, 0, 0), pad_edge=False)
+    table.add_column(width=3, justify="right")
+    table.add_column(ratio=1)
+    for line in sentences:
+        table.add_row("-", line)
+    return [_title("\nwhy the speedup is what it is"), table]
 
 
 def phase_glossary() -> Table:
