@@ -70,7 +70,7 @@ def test_follow_shows_the_requests_other_clients_send(settings):
 def test_a_dropped_stream_resumes_on_events_without_losing_a_step(settings, monkeypatch):
     """The /generate stream breaks after two steps (as a network would); the backend says so, picks up
     on /events after the last id it saw, and shows every step the server ran, in order, once. The server
-    cancels the request it lost the client of (the engine is held until it notices)."""
+    cancels the request it lost the client of (the engine is held after its fourth step until it notices: it ran 2 to 4)."""
     real_iter = attach.iter_sse
 
     def breaking(lines):
@@ -105,7 +105,7 @@ def test_a_dropped_stream_resumes_on_events_without_losing_a_step(settings, monk
             assert backend.drops == 1 and backend.notice == ""  # the line said it, and went once it resumed
             [summary] = served.worker.summaries
             assert summary.stop_reason == "cancelled"
-            assert [s.step for s in steps] == list(range(summary.steps)) and summary.steps >= 3
+            assert [s.step for s in steps] == list(range(summary.steps)) and summary.steps >= 2
             assert [t for s in steps for t in s.emitted] == summary.generated_ids
         finally:
             backend.close()

@@ -80,14 +80,21 @@ class Served:
     def _on_signal(self, sig) -> None:
         if self.worker.stop:  # the user insists: stop at once
             self.server.force_exit = True
-            print("specview serve: stopped at once", file=sys.stderr, flush=True)
+            _say("specview serve: stopped at once")
             os._exit(130)
-        print(f"specview serve: {sig.name}: finishing the step in flight", file=sys.stderr, flush=True)
-        self.worker.request_stop(sig.name)
+        self.worker.request_stop(sig.name)  # first: saying so may fail (stderr piped to a reader gone with ^C)
+        _say(f"specview serve: {sig.name}: finishing the step in flight")
 
     def stop_threadsafe(self) -> None:
         """From another thread (tests): as a signal would."""
         self.loop.call_soon_threadsafe(self.worker.request_stop, "requested")
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -120,13 +127,12 @@ def serve_command(args) -> int:
                         max_body=args.max_body, profile_dir=profile_dir, t_ar_ms=t_ar_ms, stop=stop)
         sock.listen(128)
         drafters = ", ".join(d.spec for d in session.drafters) or "no drafter"
-        print(f"specview serve: {session.target.spec} with {drafters} on {served.url} (ctrl+c stops)",
-              file=sys.stderr, flush=True)
+        _say(f"specview serve: {session.target.spec} with {drafters} on {served.url} (ctrl+c stops)")
         asyncio.run(served.serve(signals=SIGNALS))
     worker = served.worker
     if worker.profile_path:
-        print(f"profile written: {worker.profile_path}", file=sys.stderr)
+        _say(f"profile written: {worker.profile_path}")
     if worker.profile_error:
-        print(f"specview serve: error: {worker.profile_error}", file=sys.stderr)
+        _say(f"specview serve: error: {worker.profile_error}")
         return 2
     return 0
