@@ -357,6 +357,7 @@ def test_bad_prompt_file_exits_2_before_load(capsys, tmp_path, no_load, content,
     (["--limit", "0"], "--limit must be >= 1"),
     (["--draft", "ngram,ngram"], "twice"),
     (["--resume", "/nonexistent/e.json"], "no such file"),
+    (["--prompt", "hello"], "--prompts"),
 ])
 def test_bad_options_exit_2_before_load(capsys, no_load, argv, needle):
     code, _, err = run_cli(capsys, "eval", *argv)
@@ -376,3 +377,13 @@ def test_resume_refuses_a_profile_or_bench_file(capsys, tmp_path, no_load):
     path.write_text(json.dumps({"schema": "specview.bench/1", "methods": {}}))
     code, _, err = run_cli(capsys, "eval", "--resume", str(path))
     _one_line_error(code, err, "not an eval")
+
+
+def test_eval_defaults():
+    from specview.eval.options import build_eval_parser
+
+    args = build_eval_parser().parse_args([])
+    assert (args.temperature, args.draft, args.chat, args.prompts, args.prompt) == \
+        (0.0, "smollm2-135m@int4,ngram", None, "builtin", None)
+    assert build_eval_parser().parse_args(["--no-chat"]).chat is False
+    assert build_eval_parser().parse_args(["--chat"]).chat is True

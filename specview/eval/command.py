@@ -51,6 +51,8 @@ def eval_command(args) -> int:
 def _eval(args, stop: Stop) -> int:
     settings = Settings.from_args(args)
     # Everything a user can get wrong is checked here, before the models load.
+    if getattr(args, "prompt", None) is not None:
+        raise SpecviewError("eval reads its prompts from --prompts (builtin or a file), not --prompt")
     prompts = load_prompts(args.prompts, args.limit, args.categories)
     drafters = split_specs(settings.draft)
     for spec in drafters:
