@@ -87,6 +87,7 @@ def _eval(args, stop: Stop) -> int:
     methods = [(None, EngineMethod(session, "autoregressive", generator, never))]
     methods += [(d.spec, EngineMethod(session, "speculative", generator, never, d)) for d in session.drafters]
     meta = {**session.meta(), "load_s": session.load_s, "resumed_results": len(results)}
+    del meta["prompt_ids"]  # the session's one prompt: eval's are in "prompts"
     timing = {"warmup_s": 0.0, "loop_s": 0.0, "runs_s": 0.0}
 
     def save(interrupted: bool) -> dict:
