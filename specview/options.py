@@ -82,8 +82,11 @@ commands:
   specview [OPTIONS]          the TUI: step through drafted blocks live (needs a terminal)
   specview run [OPTIONS]      headless: coloured token stream + summary (--jsonl for events)
   specview bench [OPTIONS]    autoregressive vs speculative (and peers), timed side by side
-  specview report FILE [B]    render a profile or bench file; with two, compare them
+  specview report FILE [B]    render a profile, bench or eval file; with two, compare them
+  specview eval [OPTIONS]     a prompt set through autoregressive and each drafter, per category
   specview check [OPTIONS]    is this pair's output the target's? (greedy + distribution test)
+  specview serve [OPTIONS]    the engine behind HTTP (POST /generate, SSE streams, /metrics)
+  specview --attach URL       the TUI on a running `specview serve`
 
 MODEL is a hub id (gpt2-xl), a save_pretrained folder, a .gguf file or the bundled
 smollm2-135m, with an optional @float32/@bfloat16/@float16/@int4 suffix. --draft also

@@ -357,6 +357,8 @@ def test_bad_prompt_file_exits_2_before_load(capsys, tmp_path, no_load, content,
     (["--limit", "0"], "--limit must be >= 1"),
     (["--draft", "ngram,ngram"], "twice"),
     (["--resume", "/nonexistent/e.json"], "no such file"),
+    (["--prompt", "hello"], "--prompts"),
+    (["--json", "/proc/no-such-folder/e.json"], "--json: cannot write"),
 ])
 def test_bad_options_exit_2_before_load(capsys, no_load, argv, needle):
     code, _, err = run_cli(capsys, "eval", *argv)
@@ -376,3 +378,64 @@ def test_resume_refuses_a_profile_or_bench_file(capsys, tmp_path, no_load):
     path.write_text(json.dumps({"schema": "specview.bench/1", "methods": {}}))
     code, _, err = run_cli(capsys, "eval", "--resume", str(path))
     _one_line_error(code, err, "not an eval")
+
+
+def test_eval_defaults():
+    from specview.eval.options import build_eval_parser
+
+    args = build_eval_parser().parse_args([])
+    assert (args.temperature, args.draft, args.chat, args.prompts, args.prompt) == \
+        (0.0, "smollm2-135m@int4,ngram", None, "builtin", None)
+    assert build_eval_parser().parse_args(["--no-chat"]).chat is False
+    assert build_eval_parser().parse_args(["--chat"]).chat is True
+
+
+def test_sampled_eval_resumes_to_the_same_tokens(capsys, eval_argv, tmp_path, monkeypatch):
+    """Sampling: no token check, and each prompt's draws are seeded by its place in the set, so an eval
+    stopped after the first prompt and resumed samples exactly what an uninterrupted one does."""
+    from specview.bench.methods import EngineMethod
+
+    argv = [*eval_argv, "--temperature", "1", "--no-plots"]
+    whole = tmp_path / "whole.json"
+    code, _, err = run_cli(capsys, *argv, "--json", str(whole))
+    assert code == 0, err
+    doc = json.loads(whole.read_text())
+    assert all(r["same_tokens"] is None for r in doc["results"])
+    assert doc["summary"]["ngram"]["overall"]["same_tokens_failures"] is None
+
+    real_run, calls = EngineMethod.run, []
+
+    def stop_in_first_prompt(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3 + 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(EngineMethod, "run", stop_in_first_prompt)
+    part = tmp_path / "part.json"
+    code, _, err = run_cli(capsys, *argv, "--json", str(part))
+    assert code == 130 and len(json.loads(part.read_text())["results"]) == 3
+    monkeypatch.setattr(EngineMethod, "run", real_run)
+    code, _, err = run_cli(capsys, *argv, "--resume", str(part))
+    assert code == 0, err
+
+    def tokens(d):
+        return [(r["prompt_id"], r["drafter"], r["generated_ids"]) for r in d["results"]]
+
+    assert tokens(json.loads(part.read_text())) == tokens(doc)
+    assert len({tuple(r["generated_ids"]) for r in doc["results"] if r["method"] == "autoregressive"}) > 1
+
+
+def test_text_prompt_file_and_a_complete_resume(capsys, gpt2_paths, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("w1 w2\nw3 w4 w3\n")
+    out = tmp_path / "e.json"
+    argv = ["eval", "--target", gpt2_paths[0], "--draft", "ngram", "--prompts", str(prompts), "-N", "6",
+            "--no-plots", "--json", str(out)]
+    code, text, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert [p["category"] for p in doc["prompts"]] == ["default", "default"] and doc["config"]["chat"] is False
+    code, text, err = run_cli(capsys, *argv[:-2], "--resume", str(out))  # nothing left to run: shown again
+    assert code == 0, err
+    assert json.loads(out.read_text())["results"] == doc["results"] and "2 of 2 done" in text

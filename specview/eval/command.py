@@ -51,6 +51,8 @@ def eval_command(args) -> int:
 def _eval(args, stop: Stop) -> int:
     settings = Settings.from_args(args)
     # Everything a user can get wrong is checked here, before the models load.
+    if getattr(args, "prompt", None) is not None:
+        raise SpecviewError("eval reads its prompts from --prompts (builtin or a file), not --prompt")
     prompts = load_prompts(args.prompts, args.limit, args.categories)
     drafters = split_specs(settings.draft)
     for spec in drafters:
@@ -85,6 +87,7 @@ def _eval(args, stop: Stop) -> int:
     methods = [(None, EngineMethod(session, "autoregressive", generator, never))]
     methods += [(d.spec, EngineMethod(session, "speculative", generator, never, d)) for d in session.drafters]
     meta = {**session.meta(), "load_s": session.load_s, "resumed_results": len(results)}
+    del meta["prompt_ids"]  # the session's one prompt: eval's are in "prompts"
     timing = {"warmup_s": 0.0, "loop_s": 0.0, "runs_s": 0.0}
 
     def save(interrupted: bool) -> dict:

@@ -6,10 +6,27 @@ import argparse
 
 from specview.eval.prompts import BUILTIN, parse_categories
 from specview.options import Parser, add_run_options, number_type
+from specview.settings import DEFAULT_DRAFT
 
-# Eval differs from `run` in one default: greedy, as Spec-Bench measures, so every drafter must emit the
+# Eval differs from `run` in its defaults: greedy, as Spec-Bench measures, so every drafter must emit the
 # autoregressive tokens and the table checks it. Any sampling setting works with --temperature.
-EVAL_DEFAULTS = {"temperature": 0.0, "chat": None}  # chat None = on for builtin when the tokenizer has a template
+# chat None = on for builtin when the tokenizer has a template; prompt None = not given (eval reads --prompts).
+# draft: the default draft model and prompt lookup, the two drafters that pay off on this CPU, side by side.
+EVAL_DEFAULTS = {"temperature": 0.0, "chat": None, "prompt": None, "draft": DEFAULT_DRAFT + ",ngram"}
+
+
+EPILOG = """\
+prompt sets:
+  builtin            six categories in the spirit of Spec-Bench, 8 prompts each: conversation,
+                     translation, summarization, qa, math, rag (a passage and a question on it)
+  question.jsonl     Spec-Bench's file as is: {"question_id", "category", "turns"}, first turn
+  FILE.jsonl         {"prompt": .., "category": ..} per line (also .json, .ndjson)
+  FILE               any other file: one prompt per line, category "default"
+
+Eval differs from `run` in two defaults: --temperature 0 (greedy: each drafter is checked to
+emit exactly the autoregressive tokens) and --draft smollm2-135m@int4,ngram. Ctrl-C stops
+after the current prompt; the results so far are written, and --resume FILE continues them.
+"""
 
 
 def build_eval_parser() -> argparse.ArgumentParser:
@@ -18,12 +35,7 @@ def build_eval_parser() -> argparse.ArgumentParser:
         description="A prompt set through autoregressive decoding and each drafter: acceptance, accepted "
                     "lengths and speedup per category, as a table, terminal plots, a JSON file and PNG/SVG plots.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Prompt sets: builtin (six categories in the spirit of Spec-Bench: conversation, translation, "
-               "summarization, qa, math, rag); a Spec-Bench question.jsonl as is (the first turn is the prompt); "
-               "a .jsonl of {\"prompt\": .., \"category\": ..}; any other file: one prompt per line.\n"
-               "Eval differs from `run` in one default: --temperature 0 (greedy), so each drafter is also checked "
-               "to emit exactly the autoregressive tokens. Ctrl-C stops after the current prompt; the results so "
-               "far are written, and --resume FILE continues them.",
+        epilog=EPILOG,
     )
     add_run_options(p)
     p.set_defaults(**EVAL_DEFAULTS)
@@ -33,6 +45,8 @@ def build_eval_parser() -> argparse.ArgumentParser:
         elif action.dest == "chat":
             action.help = "wrap each prompt in the tokenizer's chat template (default: on for builtin when the " \
                           "tokenizer has one)"
+        elif action.dest == "draft":
+            action.help = action.help.replace(f"(default {DEFAULT_DRAFT})", f"(eval default {EVAL_DEFAULTS['draft']})")
         elif action.dest == "prompt":
             action.help = argparse.SUPPRESS  # eval's prompts come from --prompts
     g = p.add_argument_group("eval")
