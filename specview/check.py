@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from rich.console import Console
 
-from specview.check_report import passed, print_result, summary_line
+from specview.check_report import passed, print_distribution, print_greedy, summary_line
 from specview.engine import Decoder
 from specview.errors import SpecviewError
 from specview.kvcache import crop_cache, new_cache
@@ -122,7 +122,8 @@ def check_greedy(session: Session, drafter, prompts: list[list[int]], n: int, re
 
 
 def rewind(run, n: int) -> None:
-    """Back to the first `n` tokens (the prefix), caches included, as if the step had not run."""
+    """Back to the first `n` tokens (the prefix), caches included, as if the step had not run: a new run
+    per draw would prefill the prompt again each time. The same cropping the engine does after a step."""
     del run.tokens[n:]
     crop_cache(run.target_cache, n - 1)
     drafter = run.dec.drafter
@@ -218,11 +219,12 @@ def check_command(args) -> int:
             results.append(result)
             with say.status(f"{drafter.spec}: greedy") if say.is_terminal else _Quiet():
                 check_greedy(session, drafter, prompts, s.max_new_tokens, result, stop)
+            print_greedy(console, result, texts, tok)
             prefix = prompts[0]
             if not s.greedy and not stop:
                 with say.status(f"{drafter.spec}: {args.samples} samples") if say.is_terminal else _Quiet():
                     prefix = check_distribution(session, drafter, prompts[0], args.samples, result, stop)
-            print_result(console, result, texts, prefix, tok, args.threshold, s.greedy)
+            print_distribution(console, result, prefix, tok, args.threshold, s.greedy)
     console.print(summary_line(results, args.threshold, s.greedy), soft_wrap=True)
     if stop:
         return 130

@@ -16,8 +16,7 @@ def _short(text: str, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def print_result(console: Console, result, texts: list[str], prefix: list[int], tok, threshold: float,
-                 greedy: bool) -> None:
+def print_greedy(console: Console, result, texts: list[str], tok) -> None:
     console.print(Text(f"\n{result.spec}", style="bold"))
     ok = result.greedy_ok
     line = f"  greedy: {result.same}/{result.prompts} prompts give the autoregressive tokens"
@@ -30,6 +29,9 @@ def print_result(console: Console, result, texts: list[str], prefix: list[int], 
                       f"{d.position}: autoregressive {d.autoregressive} {_piece(tok, d.autoregressive)}, speculative "
                       f"{d.speculative} {_piece(tok, d.speculative)}; the target's top-2 logit margin there is "
                       f"{d.margin:.2e} (float noise {d.noise:.2e}): {why}", soft_wrap=False)
+
+
+def print_distribution(console: Console, result, prefix: list[int], tok, threshold: float, greedy: bool) -> None:
     if greedy:
         console.print("  distribution: not tested at temperature 0 (greedy is the whole law); give --temperature > 0")
         return

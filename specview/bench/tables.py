@@ -8,10 +8,11 @@ from rich.table import Table
 from rich.text import Text
 
 from specview.bench.schema import METHOD_ORDER
+from specview.diagnosis import Figures, diagnose
 from specview.events import fmt
 from specview.metrics import ratio
 from specview.phases import PHASES
-from specview.profiling.render import config_diff
+from specview.profiling.render import config_diff, diagnosis_parts, roofline_table
 
 
 def render_bench(path: str, doc: dict) -> Group:
@@ -39,6 +40,9 @@ def render(doc: dict) -> Group:
     parts.append(metrics_table(doc))
     if doc.get("sweep"):
         parts.append(sweep_table(doc))
+    if isinstance(doc.get("roofline"), dict):
+        parts.append(roofline_table(doc["roofline"]))
+    parts += diagnosis_parts(diagnose(Figures.from_bench(doc)))
     if doc.get("interrupted_after_rounds") is not None:
         parts.append(Text(f"interrupted: results from {doc['interrupted_after_rounds']} complete rounds",
                           style="yellow"))

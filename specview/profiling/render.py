@@ -182,7 +182,8 @@ def roofline_table(roof: dict) -> Table:
                           f"Bandwidth probe: {roof.get('probe') or 'n/a'}", caption_justify="left")
     for col in ("model", "forwards", "MB read", "floor ms", "measured ms", "share", "above floor ms"):
         table.add_column(col, justify="left" if col == "model" else "right")
-    rows = [("target", roof.get("target")), ("draft", roof.get("draft"))]
+    rows = [("target", roof.get("target")), ("  one-token (autoregressive)", roof.get("target_one_token")),
+            ("draft", roof.get("draft"))]
     rows += [(f"  {spec}", fig) for spec, fig in (roof.get("drafters") or {}).items()]
     for name, fig in rows:
         if isinstance(fig, dict):
@@ -245,12 +246,19 @@ def compare_profiles(a: tuple[str, dict], b: tuple[str, dict]) -> Group:
     rows = [("tokens/s", "tokens_per_s", "{:.1f}"), ("wall ms", "wall_ms", "{:.1f}"), ("steps", "steps", "{:.0f}"),
             ("tokens", "tokens", "{:.0f}"), ("acceptance rate", "acceptance_rate", "{:.3f}"),
             ("alpha", "alpha", "{:.3f}"), ("tokens/step", "mean_emitted_per_step", "{:.2f}"),
-            ("prefill ms", "prefill_ms", "{:.1f}")]
+            ("prefill ms", "prefill_ms", "{:.1f}"), ("t_ar ms", "t_ar_ms", "{:.2f}"), ("c", "cost_ratio", "{:.3f}"),
+            ("v", "verify_cost_ratio", "{:.3f}")]
     for label, key, spec in rows:
         va, vb = _num(sa.get(key)), _num(sb.get(key))
         metrics.add_row(label, fmt(va, spec), fmt(vb, spec), _signed(None if va is None or vb is None else vb - va,
                                                                      "{:+" + spec[2:]),
                         fmt(vb / va if va and vb is not None else None, "{:.2f}x"))
+    for role in ("target", "draft"):  # each model's forward against its floor (older profiles: n/a)
+        fa, fb = ((x.get("roofline") or {}).get(role) or {} for x in (sa, sb))
+        for label, key, spec in ((f"{role} forward ms", "ms", "{:.2f}"), (f"{role} floor ms", "floor_ms", "{:.2f}")):
+            va, vb = _num(fa.get(key)), _num(fb.get(key))
+            metrics.add_row(label, fmt(va, spec), fmt(vb, spec), _signed(_diff(va, vb), "{:+.2f}"),
+                            fmt(vb / va if va and vb is not None else None, "{:.2f}x"))
     ma, mb = sa.get("memory_peak_mb") or {}, sb.get("memory_peak_mb") or {}
     metrics.add_row("RSS peak MiB", fmt(ma.get("rss"), "{:.0f}"), fmt(mb.get("rss"), "{:.0f}"),
                     _signed(_diff(ma.get("rss"), mb.get("rss")), "{:+.0f}"), "")

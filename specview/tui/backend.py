@@ -126,6 +126,7 @@ class EngineBackend(Backend):
             prompt_text=tok.decode(ids), t_ar_ms=t_ar_ms, load_s=time.perf_counter() - t0,
             drafters=[d.spec for d in session.drafters],
             prompt_pieces=[piece_in_context(tok.decode, ids[max(0, i - CONTEXT): i], ids[i]) for i in range(len(ids))],
+            roofline=recorder.meta.get("roofline"),
         )
         return info, self.new_run()
 
