@@ -119,7 +119,9 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
     t0 = time.perf_counter()
     loaded: dict = {}  # one load per source: the default pair's int4 draft is a copy of the target
     say(f"loading target {settings.target}")
-    target = load_model(settings.target, device, loaded, cache=settings.cache, on_progress=say)
+    target = load_model(settings.target, device, loaded, cache=settings.cache, on_progress=say,
+                        device_map=settings.device_map, max_memory=settings.max_memory)
+    device = target.device  # with --device-map: the first device (inputs); drafts sit there too
     prompt_ids = encode_prompt(target.tokenizer, settings.prompt, settings.chat)
     notes: list[str] = []
 

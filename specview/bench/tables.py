@@ -24,7 +24,8 @@ def render(doc: dict) -> Group:
     c = doc.get("config") or {}
     head = (f"target {c.get('target')} · draft {c.get('draft')} · N {c.get('max_new_tokens')} · K {c.get('k')} · "
             f"temperature {c.get('temperature')} · top-k {c.get('top_k')} · top-p {c.get('top_p')} · "
-            f"{c.get('num_runs')} rounds · prompt {c.get('prompt_tokens')} tokens · ignore EOS {c.get('ignore_eos')}")
+            f"{c.get('num_runs')} rounds · prompt {c.get('prompt_tokens')} tokens · "
+            + ("EOS ignored" if c.get("ignore_eos") else "stops at EOS"))
     meta = doc.get("meta") or {}
     load = (meta.get("load_avg") or {}).get("start")
     machine = (f"{meta.get('cpu')} · {meta.get('device')} · {meta.get('threads')} threads"

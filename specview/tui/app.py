@@ -80,6 +80,13 @@ class SpecviewApp(App[None]):
     def on_mount(self) -> None:
         self.redraw()
         self.load_models()
+        if hasattr(self.backend, "notice"):  # attached: a dropped connection must show while no step comes
+            self.set_interval(1.0, self._show_notice)
+
+    def _show_notice(self) -> None:
+        if self.backend.notice != getattr(self, "_notice_shown", ""):
+            self._notice_shown = self.backend.notice
+            self.redraw()
 
     @property
     def loaded(self) -> bool:
@@ -331,7 +338,7 @@ class SpecviewApp(App[None]):
             return f"{self.ended_reason} · n new run"
         if self.state is AppState.LOADING and self.queue:
             return f"{self.queue.count} step(s) wait for loading"
-        return ""
+        return getattr(self.backend, "notice", "")  # an attached TUI: a dropped connection, a retry
 
     def on_resize(self) -> None:
         self.call_after_refresh(self.redraw)  # widgets pick their full or compact form from the size
@@ -343,5 +350,10 @@ def tui_command(args) -> int:
     from specview.tui.command import run_tui
     from specview.tui.process import ProcessBackend
 
+    settings = Settings.from_args(args)
+    if getattr(args, "attach", None):
+        from specview.serve.attach import AttachBackend
+
+        return run_tui(SpecviewApp(AttachBackend(args.attach, args.token, settings, follow=args.follow)))
     # The engine runs in a child process: the screen's rendering cannot slow its timed forwards.
-    return run_tui(SpecviewApp(ProcessBackend(Settings.from_args(args))))
+    return run_tui(SpecviewApp(ProcessBackend(settings)))
