@@ -65,7 +65,7 @@ def diagnose(f: Figures) -> list[str]:
     out = []
     if f.speculative:
         out += [s for s in (break_even(f), best_k_sentence(f)) if s]
-    out += [s for s in (floor_sentence("target", f.target, f.bandwidth_gbs, f.speculative),
+    out += [s for s in (floor_sentence("target", f.target, f.bandwidth_gbs, f.speculative, f.t_ar_ms),
                         floor_sentence("draft", f.draft, f.bandwidth_gbs, True)) if s]
     if f.speculative:
         change = best_change(f)
@@ -108,7 +108,8 @@ def best_k_sentence(f: Figures) -> str | None:
     return f"The best K by prediction is {k}: {speed:.2f}x, against {now:.2f}x at K={f.k} ({basis})."
 
 
-def floor_sentence(role: str, fig: dict | None, bandwidth_gbs: float | None, speculative: bool) -> str | None:
+def floor_sentence(role: str, fig: dict | None, bandwidth_gbs: float | None, speculative: bool,
+                   t_ar_ms: float | None = None) -> str | None:
     if not fig or not bandwidth_gbs:
         return None
     if role == "draft" and not fig.get("bytes"):
@@ -120,7 +121,10 @@ def floor_sentence(role: str, fig: dict | None, bandwidth_gbs: float | None, spe
     return (f"{which} takes {fig['ms']:.1f} ms; reading its {fig['bytes'] / 1e6:.0f} MB of weights and KV cache at "
             f"{bandwidth_gbs:.1f} GB/s takes {fig['floor_ms']:.1f} ms, so it runs at {fig['share']:.0%} of the "
             f"memory bandwidth and {fig['above_ms']:.1f} ms of each forward is above the floor (time not spent "
-            f"reading memory: the small operators between the matmuls, dispatch, Python).")
+            f"reading memory: the small operators between the matmuls, dispatch, Python)."
+            + (f" A one-token target forward (t_ar) takes {t_ar_ms:.1f} ms against about the same floor "
+               f"({fig['floor_ms'] / t_ar_ms:.0%} of the bandwidth)." if role == "target" and speculative and t_ar_ms
+               else ""))
 
 
 def candidates(f: Figures) -> list[tuple[float, str]]:
