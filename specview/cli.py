@@ -1,4 +1,4 @@
-"""Command line: `specview [OPTIONS]` (the TUI), `specview run`, `specview bench`, `specview report`.
+"""Command line: `specview [OPTIONS]` (the TUI), `specview run`, `bench`, `report`, `eval`, `check`, `serve`.
 
 Every user error is one line on stderr and exit code 2, never a traceback.
 """
@@ -12,11 +12,19 @@ import sys
 from specview.errors import SpecviewError
 from specview.options import EPILOG, Parser, add_run_options, build_run_parser
 
-SUBCOMMANDS = ("run", "bench", "report", "eval")
+SUBCOMMANDS = ("run", "bench", "report", "eval", "check", "serve")
+
+
 def build_tui_parser() -> Parser:
     p = Parser(prog="specview", description="See and measure speculative decoding. With no command: the TUI.",
                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     add_run_options(p)
+    g = p.add_argument_group("attach (the TUI on a remote `specview serve`)")
+    g.add_argument("--attach", metavar="URL", help="watch a `specview serve` at URL (e.g. http://127.0.0.1:5000) "
+                                                   "instead of loading models here")
+    g.add_argument("--token", help="the server's --token, sent as `Authorization: Bearer TOKEN`")
+    g.add_argument("--follow", action="store_true",
+                   help="with --attach: show every request anyone sends (GET /events) instead of sending your own")
     return p
 
 
@@ -45,10 +53,24 @@ def main(argv: list[str] | None = None) -> int:
             from specview.eval.command import eval_command
 
             return eval_command(args)
+        if command == "serve":
+            from specview.serve.options import parse_serve_args
+
+            args = parse_serve_args(argv[1:])
+            from specview.serve.command import serve_command
+
+            return serve_command(args)
         if command == "report":
             from specview.report import build_report_parser, report_command
 
             return report_command(build_report_parser().parse_args(argv[1:]))
+        if command == "check":
+            from specview.options import build_check_parser
+
+            args = build_check_parser().parse_args(argv[1:])
+            from specview.check import check_command
+
+            return check_command(args)
         args = build_tui_parser().parse_args(argv)
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise SpecviewError("the TUI needs a terminal; for headless output use `specview run` (same options)")

@@ -99,7 +99,8 @@ class Decoder:
             ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         with fastlinear.active():
             out = lm.model(input_ids=ids.view(1, -1), past_key_values=cache, use_cache=True, logits_to_keep=keep or 0)
-        return out.logits[0, :, : self.vocab]
+        # A model spread over devices (--device-map) returns its logits on its last one.
+        return out.logits[0, :, : self.vocab].to(self.device)
 
 
 def accept_test(r: torch.Tensor, px: torch.Tensor, qx: torch.Tensor) -> torch.Tensor:
@@ -278,6 +279,7 @@ class Run:
             tokens=self._texts(len(emitted)),
             stop_reason=self.stop_reason,
             source=list(proposal.source) if proposal is not None and proposal.source else None,
+            position=len(self.tokens) - len(emitted),
         )
 
     def _texts(self, count: int) -> list[str]:

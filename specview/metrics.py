@@ -151,6 +151,22 @@ class CostModel:
         return e_k, speedup(e_k, k, self.c, self.v)
 
 
+def break_even_cost(e: float | None, v: float | None, k: float | None) -> float | None:
+    """c* = (E - v) / K: speculative decoding gains (E / (K c + v) > 1) only while c < c*."""
+    if e is None or v is None or not k:
+        return None
+    return (e - v) / k
+
+
+def best_k(model: CostModel, alpha: float | None, ks=range(1, 17)) -> tuple[int, float] | None:
+    """(K, predicted speedup) of the K with the best E(K) / (K c + v) at this alpha, c and v."""
+    scored = [(s, k) for k in ks if (s := model.predicted(alpha, k)[1]) is not None]
+    if alpha is None or not scored:
+        return None
+    speed, k = max(scored, key=lambda item: (item[0], -item[1]))  # a tie goes to the smaller K
+    return k, speed
+
+
 def cost_model(counts: Counts, t_ar_ms: float | None) -> CostModel:
     """The cost model of speculative steps (their counters) against a measured t_ar."""
     phase = counts.phases_ms.get

@@ -150,15 +150,17 @@ def _hub_reachable(timeout_s: float = 2.0) -> bool:
         return False
 
 
-def _load_source(src: ModelSource, spec: str, cache: bool = True, say: Callable[[str], None] | None = None):
+def _load_source(src: ModelSource, spec: str, cache: bool = True, say: Callable[[str], None] | None = None,
+                 placement: dict | None = None):
     if src.gguf_file and cache:
-        return _load_gguf_cached(src, spec, say or (lambda msg: None))
-    return _from_pretrained(src, spec)
+        return _load_gguf_cached(src, spec, say or (lambda msg: None), placement)
+    return _from_pretrained(src, spec, placement=placement)
 
 
-def _from_pretrained(src: ModelSource, spec: str, folder: str | None = None):
+def _from_pretrained(src: ModelSource, spec: str, folder: str | None = None, placement: dict | None = None):
     """from_pretrained of the source, or of `folder` (a save_pretrained folder standing for it: the
-    weights cache), in float32 for a GGUF source as for the direct load, as stored otherwise."""
+    weights cache), in float32 for a GGUF source as for the direct load, as stored otherwise.
+    `placement`: device_map / max_memory / offload_folder for accelerate (models.placement)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -175,7 +177,8 @@ def _from_pretrained(src: ModelSource, spec: str, folder: str | None = None):
     hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if src.gguf_file else "auto", **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if src.gguf_file else "auto",
+                                                     **kwargs, **(placement or {}))
     except (OSError, ValueError, KeyError) as err:
         if folder:
             raise SpecviewError(f"cannot load {folder}: {one_line(err)}") from err
@@ -194,7 +197,7 @@ def _from_pretrained(src: ModelSource, spec: str, folder: str | None = None):
     return model, tokenizer
 
 
-def _load_gguf_cached(src: ModelSource, spec: str, say: Callable[[str], None]):
+def _load_gguf_cached(src: ModelSource, spec: str, say: Callable[[str], None], placement: dict | None = None):
     """A GGUF source through the weights cache (specview/weights_cache.py): converted once, then loaded
     from a save_pretrained folder, as float32 as the direct load."""
     from specview import weights_cache
@@ -227,7 +230,7 @@ def _load_gguf_cached(src: ModelSource, spec: str, say: Callable[[str], None]):
                 hf_logging.enable_progress_bar()
 
     def load(folder):
-        return _from_pretrained(src, spec, str(folder))
+        return _from_pretrained(src, spec, str(folder), placement=placement)
 
     try:
         key = weights_cache.gguf_key_inputs(gguf_path)
@@ -271,12 +274,20 @@ def _quiet_gguf_progress() -> None:
 
 
 def load_model(spec: str, device: torch.device, loaded: dict | None = None, *, cache: bool = True,
-               on_progress: Callable[[str], None] | None = None) -> LoadedModel:
+               on_progress: Callable[[str], None] | None = None, device_map: str | None = None,
+               max_memory: str | None = None) -> LoadedModel:
     """Load one spec. `loaded` caches by source, as loaded: a second spec with the same source shares
     that model, or gets a cast copy if it asks for another dtype (the default pair: one GGUF load, a
     bfloat16 copy for the draft). The cached model itself is never cast. `cache=False` skips the disk
-    cache of converted GGUF models (specview/weights_cache.py)."""
+    cache of converted GGUF models (specview/weights_cache.py). `device_map` (auto, balanced or a JSON
+    file) spreads the layers over devices through accelerate; such a model is never shared or copied."""
     src = parse_spec(spec)
+    if device_map:
+        model, tokenizer = _load_source(src, spec, cache, on_progress, placement(device_map, max_memory))
+        if src.int4 or (src.dtype is not None and src.dtype != next(model.parameters()).dtype):
+            raise SpecviewError(f"--device-map: load '{spec}' without a dtype suffix (a mapped model is not copied)")
+        return LoadedModel(spec, model, tokenizer, input_device(model, device), next(model.parameters()).dtype,
+                           context_length(model.config))
     key = (src.path, src.gguf_file)
     if loaded is not None and key in loaded:
         base, tokenizer = loaded[key]
@@ -295,6 +306,56 @@ def load_model(spec: str, device: torch.device, loaded: dict | None = None, *, c
     model = model.to(device)
     dtype = next(model.parameters()).dtype
     return LoadedModel(spec, model, tokenizer, device, dtype, context_length(model.config))
+
+
+def placement(device_map: str, max_memory: str | None = None) -> dict:
+    """from_pretrained's placement arguments: `device_map` is auto, balanced, balanced_low_0, sequential
+    or a JSON file {module name: device} (a device: "cpu", "disk", 0, "cuda:1", ...); `max_memory` is
+    "DEV=SIZE,..." (0=20GiB,cpu=60GiB). A map that sends modules to "disk" gets an offload folder."""
+    import json
+    import tempfile
+
+    out: dict = {}
+    if device_map in ("auto", "balanced", "balanced_low_0", "sequential"):
+        out["device_map"] = device_map
+    else:
+        try:
+            with open(os.path.expanduser(device_map), encoding="utf-8") as f:
+                mapping = json.load(f)
+        except OSError as err:
+            raise SpecviewError(f"--device-map: cannot read {device_map}: {err.strerror}") from err
+        except ValueError as err:
+            raise SpecviewError(f"--device-map: {device_map} is not JSON ({err})") from err
+        if not isinstance(mapping, dict) or not mapping:
+            raise SpecviewError(f"--device-map: {device_map} must map module names to devices, e.g. "
+                                '{"model.embed_tokens": 0, "model.layers.0": 0, "lm_head": 1}')
+        out["device_map"] = mapping
+        if "disk" in mapping.values():
+            out["offload_folder"] = tempfile.mkdtemp(prefix="specview-offload-")
+    if max_memory:
+        out["max_memory"] = parse_max_memory(max_memory)
+    return out
+
+
+def parse_max_memory(text: str) -> dict:
+    """"0=20GiB,cpu=60GiB" -> {0: "20GiB", "cpu": "60GiB"} (accelerate's max_memory)."""
+    out: dict = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        dev, sep, size = item.partition("=")
+        if not sep or not dev or not size:
+            raise SpecviewError(f"--max-memory: '{item}' is not DEVICE=SIZE (e.g. 0=20GiB or cpu=60GiB)")
+        out[int(dev) if dev.isdigit() else dev] = size
+    return out
+
+
+def input_device(model: torch.nn.Module, default: torch.device) -> torch.device:
+    """Where a device-mapped model takes its input ids: the device of its first placed module (the
+    embeddings); its logits come out on the device of the last one, and the engine moves them back."""
+    for where in getattr(model, "hf_device_map", {}).values():
+        if where in ("disk", "meta"):
+            continue
+        return torch.device(f"cuda:{where}" if isinstance(where, int) else where)
+    return default
 
 
 def cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

@@ -34,9 +34,11 @@ def number_type(kind, name: str, ok, rule: str):
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
-    g.add_argument("--target", "--target-model", default=DEFAULTS.target, metavar="MODEL",
+    # --target_model_name / --approx_model_name / --input / -v: the flags of the seed project
+    # (feifeibear/LLMSpeculativeSampling), accepted so its users' commands work as they are.
+    g.add_argument("--target", "--target-model", "--target_model_name", default=DEFAULTS.target, metavar="MODEL",
                    help=f"the model whose distribution the output follows (default {DEFAULTS.target})")
-    g.add_argument("--draft", "--draft-model", default=DEFAULTS.draft, metavar="SPEC[,SPEC..]",
+    g.add_argument("--draft", "--draft-model", "--approx_model_name", default=DEFAULTS.draft, metavar="SPEC[,SPEC..]",
                    help="what proposes K tokens per step: MODEL[@dtype] (dtype float32, bfloat16, float16 or int4), "
                         "ngram[:max=4,min=1] (prompt lookup), self:skip=4-9,15 or self:auto (the target skipping "
                         f"layers); a comma-separated list for bench, eval and the TUI's d key (default {DEFAULTS.draft})")
@@ -44,11 +46,19 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="auto picks cuda, then mps, then cpu")
     g.add_argument("--threads", type=number_type(int, "--threads", lambda v: v >= 1, ">= 1"), default=DEFAULTS.threads,
                    help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--device-map", default=DEFAULTS.device_map, metavar="auto|balanced|FILE.json",
+                   help="spread the models' layers over several devices (transformers / accelerate device_map): "
+                        "auto, balanced, or a JSON file mapping module names to devices; inputs go to the first "
+                        "device, logits come from the last")
+    g.add_argument("--max-memory", default=DEFAULTS.max_memory, metavar="DEV=SIZE[,..]",
+                   help="with --device-map: the most each device may hold, e.g. 0=20GiB,1=20GiB,cpu=60GiB")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="the coloured origin stream (the default of `run`; accepted for the seed project's -v)")
     g.add_argument("--no-cache", dest="cache", action="store_false",
                    help="convert a .gguf on every start instead of using (and filling) the converted-weights cache "
                         "in $SPECVIEW_CACHE_DIR, $XDG_CACHE_HOME/specview or ~/.cache/specview")
     g = p.add_argument_group("generation")
-    g.add_argument("--prompt", "--input-str", default=DEFAULTS.prompt, help="the prompt text ('' starts from BOS)")
+    g.add_argument("--prompt", "--input-str", "--input", default=DEFAULTS.prompt, help="the prompt text ('' starts from BOS)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     g.add_argument("-N", "--max-new-tokens", "--N", dest="max_new_tokens", default=DEFAULTS.max_new_tokens,
                    type=number_type(int, "-N", lambda v: v >= 1, ">= 1"), help=f"tokens to generate (default {DEFAULTS.max_new_tokens})")
@@ -74,6 +84,9 @@ commands:
   specview bench [OPTIONS]    autoregressive vs speculative (and peers), timed side by side
   specview report FILE [B]    render a profile, bench or eval file; with two, compare them
   specview eval [OPTIONS]     a prompt set through autoregressive and each drafter, per category
+  specview check [OPTIONS]    is this pair's output the target's? (greedy + distribution test)
+  specview serve [OPTIONS]    the engine behind HTTP (POST /generate, SSE streams, /metrics)
+  specview --attach URL       the TUI on a running `specview serve`
 
 MODEL is a hub id (gpt2-xl), a save_pretrained folder, a .gguf file or the bundled
 smollm2-135m, with an optional @float32/@bfloat16/@float16/@int4 suffix. --draft also
@@ -100,4 +113,24 @@ def build_run_parser() -> Parser:
     g.add_argument("--py-spy", action="store_true",
                    help="also sample the process with py-spy (speedscope file beside the profile; implies --profile)")
     g.add_argument("--quiet", "-q", action="store_true", help="no token stream, only the summary")
+    return p
+
+
+def build_check_parser() -> Parser:
+    p = Parser(prog="specview check",
+               description="Is this pair's output the target's? Greedy speculative decoding against autoregressive "
+                           "decoding over a few prompts, and a chi-square test of the first speculative token against "
+                           "the target's exact distribution at your temperature / top-k / top-p. Exit 0 when both "
+                           "pass, 1 when either fails; the last line sums it up for scripts.",
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    add_run_options(p)
+    g = p.add_argument_group("check")
+    g.add_argument("--samples", "-M", default=1000, type=number_type(int, "--samples", lambda v: v >= 20, ">= 20"),
+                   help="speculative samples of the first token for the distribution test (default 1000)")
+    g.add_argument("--prompts", default="builtin", metavar="SET",
+                   help="prompts for the greedy check: builtin (--prompt and three more) or a file, one prompt a "
+                        "line (or JSONL with a \"prompt\" field)")
+    g.add_argument("--threshold", default=0.001, type=number_type(float, "--threshold", lambda v: 0 < v < 1, "in (0, 1)"),
+                   help="the distribution test fails when its p-value is below this (default 0.001: a correct "
+                        "engine fails 1 check in 1000)")
     return p

@@ -7,6 +7,7 @@ import json
 import sys
 from contextlib import nullcontext
 
+import torch
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -26,14 +27,17 @@ def token_origins(step: StepResult, method: str) -> list[str]:
     return ["target"] * len(step.emitted) if method == "autoregressive" else step.origins()
 
 
-def start_event(session: Session, method: str, num_runs: int) -> dict:
-    s = session.settings
+def start_event(session: Session, method: str, num_runs: int, settings: Settings | None = None,
+                prompt_ids: list[int] | None = None) -> dict:
+    """The `start` record; `settings` / `prompt_ids` when they differ from the session's (a served request)."""
+    s = settings or session.settings
     return {
         "type": "start", "schema": EVENTS_SCHEMA, "target": s.target,
         "draft": s.draft if method == "speculative" else None, "method": method, "k": s.k,
         "drafter": session.drafters[0].spec if method == "speculative" and session.drafters else None,
         "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed, "num_runs": num_runs,
-        "device": str(session.device), "threads": session.meta()["threads"], "prompt_ids": session.prompt_ids,
+        "device": str(session.device), "threads": torch.get_num_threads(),
+        "prompt_ids": session.prompt_ids if prompt_ids is None else prompt_ids,
         "max_new_tokens": s.max_new_tokens, "prompt": s.prompt,
     }
 

@@ -42,6 +42,8 @@ class Settings:
     ignore_eos: bool = False
     profile_dir: str = "profiles"
     cache: bool = True  # use the converted-weights cache for .gguf models (--no-cache: off)
+    device_map: str | None = None  # auto | balanced | a JSON file: layers over several devices (accelerate)
+    max_memory: str | None = None  # with device_map: "0=20GiB,cpu=60GiB", the most each device may hold
 
     @classmethod
     def from_args(cls, args) -> Settings:

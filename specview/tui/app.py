@@ -13,6 +13,7 @@ from textual.binding import Binding
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
+from specview.diagnosis import diagnose
 from specview.errors import SpecviewError
 from specview.stopping import Stop
 from specview.tui import messages as msg
@@ -79,6 +80,13 @@ class SpecviewApp(App[None]):
     def on_mount(self) -> None:
         self.redraw()
         self.load_models()
+        if hasattr(self.backend, "notice"):  # attached: a dropped connection must show while no step comes
+            self.set_interval(1.0, self._show_notice)
+
+    def _show_notice(self) -> None:
+        if self.backend.notice != getattr(self, "_notice_shown", ""):
+            self._notice_shown = self.backend.notice
+            self.redraw()
 
     @property
     def loaded(self) -> bool:
@@ -98,7 +106,9 @@ class SpecviewApp(App[None]):
         """The figures of the drafter in use (each drafter keeps its own)."""
         drafter = self.backend.draft
         if drafter not in self.stats_by_drafter:
-            self.stats_by_drafter[drafter] = LiveStats(t_ar_ms=self.info.t_ar_ms if self.info else None)
+            self.stats_by_drafter[drafter] = LiveStats(t_ar_ms=self.info.t_ar_ms if self.info else None,
+                                                       roofline=self.info.roofline if self.info else None,
+                                                       drafter=drafter)
         return self.stats_by_drafter[drafter]
 
     # workers: blocking engine calls, answers by post_message ---------------------------------
@@ -294,7 +304,7 @@ class SpecviewApp(App[None]):
             self.new_run_worker()
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        self.push_screen(HelpScreen(diagnose(self.stats.figures(self.backend.k)) if self.views else []))
 
     async def action_quit(self) -> None:
         if self.quitting or not self.loaded:  # a second press, or nothing to save: out now
@@ -328,7 +338,7 @@ class SpecviewApp(App[None]):
             return f"{self.ended_reason} · n new run"
         if self.state is AppState.LOADING and self.queue:
             return f"{self.queue.count} step(s) wait for loading"
-        return ""
+        return getattr(self.backend, "notice", "")  # an attached TUI: a dropped connection, a retry
 
     def on_resize(self) -> None:
         self.call_after_refresh(self.redraw)  # widgets pick their full or compact form from the size
@@ -340,5 +350,10 @@ def tui_command(args) -> int:
     from specview.tui.command import run_tui
     from specview.tui.process import ProcessBackend
 
+    settings = Settings.from_args(args)
+    if getattr(args, "attach", None):
+        from specview.serve.attach import AttachBackend
+
+        return run_tui(SpecviewApp(AttachBackend(args.attach, args.token, settings, follow=args.follow)))
     # The engine runs in a child process: the screen's rendering cannot slow its timed forwards.
-    return run_tui(SpecviewApp(ProcessBackend(Settings.from_args(args))))
+    return run_tui(SpecviewApp(ProcessBackend(settings)))

@@ -1,0 +1,142 @@
+"""The ASGI app of `specview serve` (Starlette; streams by sse-starlette). docs/design.md, "Serve":
+
+    POST /generate   {prompt, max_new_tokens?, k?, temperature?, top_k?, top_p?, seed?, method?, draft?,
+                      chat?, ignore_eos?, stream?} -> {text, generated_ids, summary, request}
+                     stream: text/event-stream, one specview.events/1 record per event (start, step..., end)
+    POST /predict    {prompt} -> {text, generated_text, summary}   (the seed project's server)
+    GET  /health     {status, target, drafters, queue, ...}        (never needs the token)
+    GET  /metrics    Prometheus text (metrics.py)
+    GET  /events     text/event-stream of every record of every request, `id:` for Last-Event-ID
+
+Errors are JSON {"error": "...", "field": ...}: 401 token, 413 body size, 422 malformed (field named),
+400 unknown draft, 503 queue full (Retry-After) or shutting down. A request can name no model or path."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from specview.serve.hub import EventHub
+from specview.serve.metrics import CONTENT_TYPE, ServeMetrics
+from specview.serve.schema import ApiError, GenerateRequest, PredictRequest, parse_body
+from specview.serve.worker import EngineWorker, Job
+
+PING_S = 15  # SSE comment lines keep idle streams alive through proxies
+
+
+def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, token: str | None = None,
+               max_body: int = 65536, info: dict | None = None) -> Starlette:
+    cap = worker.cap
+
+    def check_token(request: Request) -> None:
+        if token is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise ApiError(401, "missing or wrong token: send `Authorization: Bearer TOKEN`",
+                           headers={"WWW-Authenticate": "Bearer"})
+
+    async def read_body(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > max_body:
+            raise ApiError(413, f"the body is larger than {max_body} bytes (--max-body)")
+        body = bytearray()
+        async for chunk in request.stream():  # a chunked body declares no length: count it
+            body += chunk
+            if len(body) > max_body:
+                raise ApiError(413, f"the body is larger than {max_body} bytes (--max-body)")
+        return bytes(body)
+
+    async def submit(request: Request, model) -> tuple[Job, dict]:
+        check_token(request)
+        body = parse_body(await read_body(request), model, cap)
+        if isinstance(body, PredictRequest):
+            body = GenerateRequest(prompt=body.prompt)
+        job = worker.submit(body, asyncio.get_running_loop())
+        first = await job.records.get()  # start, or the error that kept it from starting (422, 503)
+        if first[1]["type"] == "error":
+            raise ApiError(first[1]["status"], first[1]["error"], first[1].get("field"))
+        return job, first
+
+    async def collect(job: Job, first: tuple) -> dict:
+        record = first[1]
+        while record["type"] not in ("end", "error"):
+            _, record = await job.records.get()
+        if record["type"] == "error":
+            raise ApiError(record["status"], record["error"], record.get("field"))
+        return record
+
+    async def generate(request: Request) -> Response:
+        job, first = await submit(request, GenerateRequest)
+        if job.request.stream:
+            return EventSourceResponse(stream(job, first), ping=PING_S)
+        end = await collect(job, first)
+        return JSONResponse({"text": end["text"], "generated_ids": end["generated_ids"], "summary": end,
+                             "request": job.id})
+
+    async def stream(job: Job, item: tuple):
+        finished = False
+        try:
+            while True:
+                event_id, record = item
+                # the id is the record's number on /events: a client cut off resumes there (Last-Event-ID)
+                yield {"data": json.dumps(record, allow_nan=False), "id": None if event_id is None else str(event_id)}
+                if record["type"] in ("end", "error"):
+                    finished = True
+                    return
+                item = await job.records.get()
+        finally:
+            if not finished:  # the client went away (sse-starlette cancels us): stop at the next step
+                job.cancel()
+
+    async def predict(request: Request) -> Response:
+        job, first = await submit(request, PredictRequest)
+        end = await collect(job, first)
+        # The seed's server answered the decoded sequence, prompt included.
+        return JSONResponse({"text": job.sequence_text, "generated_text": end["text"], "summary": end})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "stopping" if worker.stop else "ok", **(info or {}),
+                             "queue": worker.waiting, "running": worker.running is not None})
+
+    async def metrics_page(request: Request) -> Response:
+        check_token(request)
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    async def events(request: Request) -> Response:
+        check_token(request)
+        last = request.headers.get("last-event-id", "")
+        watcher = hub.subscribe(int(last) if last.isdigit() else None)
+
+        async def records():
+            try:
+                while (item := await watcher.get()) is not None:
+                    yield {"id": str(item[0]), "data": json.dumps(item[1], allow_nan=False)}
+            finally:
+                hub.unsubscribe(watcher)
+
+        return EventSourceResponse(records(), ping=PING_S)
+
+    async def api_error(request: Request, err: ApiError) -> Response:
+        metrics.rejected.labels(str(err.status)).inc()
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    async def http_error(request: Request, err: HTTPException) -> Response:
+        return JSONResponse({"error": err.detail, "field": None}, status_code=err.status_code, headers=err.headers)
+
+    routes = [
+        Route("/generate", generate, methods=["POST"]),
+        Route("/predict", predict, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics_page, methods=["GET"]),
+        Route("/events", events, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={ApiError: api_error, HTTPException: http_error})
