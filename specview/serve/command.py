@@ -112,7 +112,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve_command(args) -> int:
-    from specview.tui.backend import time_target_token
+    from specview.session import time_target_token
 
     settings = Settings.from_args(args)
     profile_dir = args.profile_dir or settings.profile_dir
