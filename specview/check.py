@@ -13,6 +13,7 @@ Exit 0 when both pass, 1 when either fails; the last line says so as key=value p
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -187,12 +188,12 @@ def check_command(args) -> int:
     if not console.is_terminal:
         console.width = max(console.width, 120)  # a pipe or file gets whole lines, not 80 columns
     say = Console(stderr=True, highlight=False)
+    texts = load_prompts(args.prompts, settings.prompt)  # a bad file fails before the models load
     stop = Stop()
     with stop.on_signals():
-        with say.status("loading models…") if say.is_terminal else _Quiet() as status:
+        with say.status("loading models…") if say.is_terminal else nullcontext() as status:
             with stop.immediately():
                 session = open_session(settings, (lambda m: status.update(m + "…")) if status else None)
-        texts = load_prompts(args.prompts, settings.prompt)
         tok = session.target.tokenizer
         prompts = [encode_prompt(tok, text, settings.chat) for text in texts]
         for ids in prompts:
@@ -206,12 +207,12 @@ def check_command(args) -> int:
         for drafter in session.drafters:
             result = DrafterResult(drafter.spec)
             results.append(result)
-            with say.status(f"{drafter.spec}: greedy") if say.is_terminal else _Quiet():
+            with say.status(f"{drafter.spec}: greedy") if say.is_terminal else nullcontext():
                 check_greedy(session, drafter, prompts, s.max_new_tokens, result, stop)
             print_greedy(console, result, texts, tok)
             prefix = prompts[0]
             if not s.greedy and not stop:
-                with say.status(f"{drafter.spec}: {args.samples} samples") if say.is_terminal else _Quiet():
+                with say.status(f"{drafter.spec}: {args.samples} samples") if say.is_terminal else nullcontext():
                     prefix = check_distribution(session, drafter, prompts[0], args.samples, result, stop)
             print_distribution(console, result, prefix, tok, args.threshold, s.greedy)
     console.print(summary_line(results, args.threshold, s.greedy), soft_wrap=True)
@@ -219,12 +220,3 @@ def check_command(args) -> int:
         return 130
     return 0 if passed(results, args.threshold) else 1
 
-
-class _Quiet:
-    """A status that says nothing (stderr is not a terminal: a piped log keeps to its lines)."""
-
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
