@@ -83,6 +83,8 @@ commands:
   specview run [OPTIONS]      headless: coloured token stream + summary (--jsonl for events)
   specview bench [OPTIONS]    autoregressive vs speculative (and peers), timed side by side
   specview report FILE [B]    render a profile or bench file; with two, compare them
+  specview serve [OPTIONS]    the engine behind HTTP (POST /generate, /metrics, /events)
+  specview --attach URL       the TUI on a remote `specview serve`
 
 MODEL is a hub id (gpt2-xl), a save_pretrained folder, a .gguf file or the bundled
 smollm2-135m, with an optional @float32/@bfloat16/@float16/@int4 suffix. --draft also
