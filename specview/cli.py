@@ -1,4 +1,4 @@
-"""Command line: `specview [OPTIONS]` (the TUI), `specview run`, `specview bench`, `specview report`.
+"""Command line: `specview [OPTIONS]` (the TUI), `specview run`, `bench`, `report`, `eval`, `check`, `serve`.
 
 Every user error is one line on stderr and exit code 2, never a traceback.
 """
@@ -12,7 +12,9 @@ import sys
 from specview.errors import SpecviewError
 from specview.options import EPILOG, Parser, add_run_options, build_run_parser
 
-SUBCOMMANDS = ("run", "bench", "report", "serve")
+SUBCOMMANDS = ("run", "bench", "report", "eval", "check", "serve")
+
+
 def build_tui_parser() -> Parser:
     p = Parser(prog="specview", description="See and measure speculative decoding. With no command: the TUI.",
                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
@@ -44,6 +46,13 @@ def main(argv: list[str] | None = None) -> int:
             from specview.bench.command import bench_command
 
             return bench_command(args)
+        if command == "eval":
+            from specview.eval.options import build_eval_parser
+
+            args = build_eval_parser().parse_args(argv[1:])
+            from specview.eval.command import eval_command
+
+            return eval_command(args)
         if command == "serve":
             from specview.serve.options import parse_serve_args
 
@@ -55,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
             from specview.report import build_report_parser, report_command
 
             return report_command(build_report_parser().parse_args(argv[1:]))
+        if command == "check":
+            from specview.options import build_check_parser
+
+            args = build_check_parser().parse_args(argv[1:])
+            from specview.check import check_command
+
+            return check_command(args)
         args = build_tui_parser().parse_args(argv)
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise SpecviewError("the TUI needs a terminal; for headless output use `specview run` (same options)")

@@ -279,6 +279,7 @@ class Run:
             tokens=self._texts(len(emitted)),
             stop_reason=self.stop_reason,
             source=list(proposal.source) if proposal is not None and proposal.source else None,
+            position=len(self.tokens) - len(emitted),
         )
 
     def _texts(self, count: int) -> list[str]:

@@ -37,6 +37,7 @@ class StepResult:
     run: int = 0
     source: list[int] | None = None  # n-gram drafts: [start, end) of the copied span in the run's tokens
     drafter: str | None = None  # the drafter's spec, when a session has several
+    position: int = 0  # tokens before this step (prompt + generated): the KV cache its forwards read
     timing: object = field(default=None, repr=False, compare=False)  # timing.StepTiming; not in the JSON
 
     def origins(self) -> list[str]:

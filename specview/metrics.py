@@ -23,6 +23,12 @@ class Counts:
     phases_ms: dict[str, float] = field(default_factory=dict)  # summed over the steps
     per_position_drafted: list[int] = field(default_factory=list)
     per_position_accepted: list[int] = field(default_factory=list)
+    # Steps that drafted position i+1 with every draft before it accepted: the denominator of the
+    # conditional acceptance P(accept i | accepted i-1) (a rejection ends the examination of a block).
+    per_position_reached: list[int] = field(default_factory=list)
+    # [n] = steps that drafted something and accepted exactly n drafts (steps that drafted nothing, an
+    # n-gram miss, are a plain target forward and not a verdict on a draft).
+    accepted_length_counts: list[int] = field(default_factory=list)
 
     def count(self, drafted: int, accepted: int, rejected: bool, emitted: int, wall_ms: float = 0.0,
               phases_ms: dict | None = None) -> None:
@@ -40,6 +46,10 @@ class Counts:
         for i in range(drafted):
             self.per_position_drafted[i] += 1
             self.per_position_accepted[i] += i < accepted
+            self.per_position_reached[i] += i <= accepted
+        if drafted:
+            _grow(self.accepted_length_counts, accepted + 1)
+            self.accepted_length_counts[accepted] += 1
 
     def add(self, s) -> None:
         """A StepResult."""
@@ -56,14 +66,18 @@ class Counts:
         for name, ms in other.phases_ms.items():
             self.phases_ms[name] = self.phases_ms.get(name, 0.0) + ms
         self._grow(len(other.per_position_drafted))
-        for i, (d, a) in enumerate(zip(other.per_position_drafted, other.per_position_accepted)):
+        for i, (d, a, r) in enumerate(zip(other.per_position_drafted, other.per_position_accepted,
+                                          other.per_position_reached)):
             self.per_position_drafted[i] += d
             self.per_position_accepted[i] += a
+            self.per_position_reached[i] += r
+        _grow(self.accepted_length_counts, len(other.accepted_length_counts))
+        for n, steps in enumerate(other.accepted_length_counts):
+            self.accepted_length_counts[n] += steps
 
     def _grow(self, n: int) -> None:
-        while len(self.per_position_drafted) < n:
-            self.per_position_drafted.append(0)
-            self.per_position_accepted.append(0)
+        for counts in (self.per_position_drafted, self.per_position_accepted, self.per_position_reached):
+            _grow(counts, n)
 
     @property
     def wall_s(self) -> float:
@@ -93,6 +107,19 @@ class Counts:
     @property
     def per_position_acceptance(self) -> list[float | None]:
         return [ratio(a, d) for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
+
+    @property
+    def conditional_position_acceptance(self) -> list[float | None]:
+        """P(accept position i+1 | positions 1..i accepted): the draft's own quality at each depth, which
+        the unconditional per-position figure mixes with the chance of getting that far."""
+        return [ratio(a, r) for a, r in zip(self.per_position_accepted, self.per_position_reached)]
+
+    def accepted_length_histogram(self, k: int | None = None) -> list[int]:
+        """Steps that accepted exactly 0, 1, .. drafts (index = accepted length), padded to 0..k."""
+        counts = list(self.accepted_length_counts)
+        if k is not None:
+            _grow(counts, k + 1)
+        return counts
 
 
 @dataclass(frozen=True)
@@ -124,6 +151,22 @@ class CostModel:
         return e_k, speedup(e_k, k, self.c, self.v)
 
 
+def break_even_cost(e: float | None, v: float | None, k: float | None) -> float | None:
+    """c* = (E - v) / K: speculative decoding gains (E / (K c + v) > 1) only while c < c*."""
+    if e is None or v is None or not k:
+        return None
+    return (e - v) / k
+
+
+def best_k(model: CostModel, alpha: float | None, ks=range(1, 17)) -> tuple[int, float] | None:
+    """(K, predicted speedup) of the K with the best E(K) / (K c + v) at this alpha, c and v."""
+    scored = [(s, k) for k in ks if (s := model.predicted(alpha, k)[1]) is not None]
+    if alpha is None or not scored:
+        return None
+    speed, k = max(scored, key=lambda item: (item[0], -item[1]))  # a tie goes to the smaller K
+    return k, speed
+
+
 def cost_model(counts: Counts, t_ar_ms: float | None) -> CostModel:
     """The cost model of speculative steps (their counters) against a measured t_ar."""
     phase = counts.phases_ms.get
@@ -152,6 +195,23 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return k + 1.0
     return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def speedups_over_baseline(pairs: list[tuple[int, float, int, float]]) -> tuple[float | None, float | None]:
+    """(mean of per-prompt speedups, total-time speedup) from (baseline tokens, baseline s, tokens, s) per
+    prompt. Each is a ratio of tokens/s, so runs of different lengths (sampling, EOS) compare fairly; with
+    greedy decoding both emit the same tokens and they are ratios of times. Spec-Bench reports the mean of
+    per-prompt speedups; total time over total time weighs long prompts more and is what a batch job sees."""
+    per_prompt = [ratio(ratio(t, s), ratio(bt, bs)) for bt, bs, t, s in pairs]
+    per_prompt = [x for x in per_prompt if x is not None]
+    mean = sum(per_prompt) / len(per_prompt) if per_prompt else None
+    total = ratio(ratio(sum(p[2] for p in pairs), sum(p[3] for p in pairs)),
+                  ratio(sum(p[0] for p in pairs), sum(p[1] for p in pairs)))
+    return mean, total
+
+
+def _grow(counts: list[int], n: int) -> None:
+    counts.extend([0] * (n - len(counts)))
 
 
 def ratio(num: float | None, den: float | None) -> float | None:

@@ -82,9 +82,11 @@ commands:
   specview [OPTIONS]          the TUI: step through drafted blocks live (needs a terminal)
   specview run [OPTIONS]      headless: coloured token stream + summary (--jsonl for events)
   specview bench [OPTIONS]    autoregressive vs speculative (and peers), timed side by side
-  specview report FILE [B]    render a profile or bench file; with two, compare them
-  specview serve [OPTIONS]    the engine behind HTTP (POST /generate, /metrics, /events)
-  specview --attach URL       the TUI on a remote `specview serve`
+  specview report FILE [B]    render a profile, bench or eval file; with two, compare them
+  specview eval [OPTIONS]     a prompt set through autoregressive and each drafter, per category
+  specview check [OPTIONS]    is this pair's output the target's? (greedy + distribution test)
+  specview serve [OPTIONS]    the engine behind HTTP (POST /generate, SSE streams, /metrics)
+  specview --attach URL       the TUI on a running `specview serve`
 
 MODEL is a hub id (gpt2-xl), a save_pretrained folder, a .gguf file or the bundled
 smollm2-135m, with an optional @float32/@bfloat16/@float16/@int4 suffix. --draft also
@@ -111,4 +113,24 @@ def build_run_parser() -> Parser:
     g.add_argument("--py-spy", action="store_true",
                    help="also sample the process with py-spy (speedscope file beside the profile; implies --profile)")
     g.add_argument("--quiet", "-q", action="store_true", help="no token stream, only the summary")
+    return p
+
+
+def build_check_parser() -> Parser:
+    p = Parser(prog="specview check",
+               description="Is this pair's output the target's? Greedy speculative decoding against autoregressive "
+                           "decoding over a few prompts, and a chi-square test of the first speculative token against "
+                           "the target's exact distribution at your temperature / top-k / top-p. Exit 0 when both "
+                           "pass, 1 when either fails; the last line sums it up for scripts.",
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    add_run_options(p)
+    g = p.add_argument_group("check")
+    g.add_argument("--samples", "-M", default=1000, type=number_type(int, "--samples", lambda v: v >= 20, ">= 20"),
+                   help="speculative samples of the first token for the distribution test (default 1000)")
+    g.add_argument("--prompts", default="builtin", metavar="SET",
+                   help="prompts for the greedy check: builtin (--prompt and three more) or a file, one prompt a "
+                        "line (or JSONL with a \"prompt\" field)")
+    g.add_argument("--threshold", default=0.001, type=number_type(float, "--threshold", lambda v: 0 < v < 1, "in (0, 1)"),
+                   help="the distribution test fails when its p-value is below this (default 0.001: a correct "
+                        "engine fails 1 check in 1000)")
     return p

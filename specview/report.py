@@ -1,6 +1,7 @@
-"""`specview report FILE [OTHER]`: render a profile (schema specview.profile/1) or a bench file
-(specview.bench/1) with rich; with two files of one kind, compare them side by side. Each kind owns its
-rendering (profiling.render, bench.tables); this module loads, checks and dispatches.
+"""`specview report FILE [OTHER]`: render a profile (schema specview.profile/1), a bench file
+(specview.bench/1) or an eval file (specview.eval/1) with rich; with two files of one kind, compare them.
+Each kind owns its rendering (profiling.render, bench.tables, eval.tables); this module loads, checks and
+dispatches.
 
 A file that is not one of these (missing, empty, truncated, foreign JSON, another schema version)
 raises SpecviewError with one line saying what it is instead; the CLI prints it and exits 2.
@@ -19,13 +20,15 @@ from rich.text import Text
 from specview.bench.schema import BENCH_SCHEMA
 from specview.bench.tables import compare_bench, render_bench
 from specview.errors import SpecviewError
+from specview.eval.document import EVAL_SCHEMA
+from specview.eval.tables import compare_evals, render_eval
 from specview.options import Parser
 from specview.profiling.profile import PROFILE_SCHEMA
 from specview.profiling.render import compare_profiles, render_profile
 
-KNOWN = {"specview.profile": PROFILE_SCHEMA, "specview.bench": BENCH_SCHEMA}
-RENDER = {PROFILE_SCHEMA: render_profile, BENCH_SCHEMA: render_bench}
-COMPARE = {PROFILE_SCHEMA: compare_profiles, BENCH_SCHEMA: compare_bench}
+KNOWN = {"specview.profile": PROFILE_SCHEMA, "specview.bench": BENCH_SCHEMA, "specview.eval": EVAL_SCHEMA}
+RENDER = {PROFILE_SCHEMA: render_profile, BENCH_SCHEMA: render_bench, EVAL_SCHEMA: render_eval}
+COMPARE = {PROFILE_SCHEMA: compare_profiles, BENCH_SCHEMA: compare_bench, EVAL_SCHEMA: compare_evals}
 
 
 def render(path: str, doc: dict):
@@ -57,7 +60,7 @@ def report_command(args) -> int:
     elif first[1]["schema"] == second[1]["schema"]:
         console.print(COMPARE[first[1]["schema"]](first, second))
     else:
-        console.print(Text("a profile and a bench file: shown one after the other", style="dim"))
+        console.print(Text("two kinds of file: shown one after the other", style="dim"))
         console.print(render(*first))
         console.print(render(*second))
     return 0
@@ -157,6 +160,9 @@ def _check_shape(path: str, doc: dict) -> None:
         need(summary, "phases_ms", dict, "summary.")
         need(summary, "wall_ms", (int, float), "summary.")
         need(summary, "steps", int, "summary.")
+    elif doc["schema"] == EVAL_SCHEMA:
+        for key, kind in (("config", dict), ("prompts", list), ("results", list), ("summary", dict)):
+            need(doc, key, kind, "")
     else:
         if not isinstance(doc.get("methods"), dict) and not isinstance(doc.get("sweep"), list):
             raise SpecviewError(f"{path} is a damaged {doc['schema']} file: it has neither \"methods\" nor \"sweep\"")

@@ -93,6 +93,14 @@ def test_bench_end_to_end_with_peers_and_sweep(capsys, models, tmp_path):
     assert doc["recommended_k"]["measured"] in (1, 3)
     assert doc["config"]["ignore_eos"] is True and doc["config"]["num_runs"] == 2
     assert "methods" in out and "sweep over K" in out and "efficiency" in out
+    roof = doc["roofline"]  # the timed speculative runs' forwards against their floors, and the one-token forward
+    assert roof["bandwidth_gbs"] > 0 and roof["target"]["forwards"] > 0 and roof["draft"]["forwards"] > 0
+    assert roof["target_one_token"]["forwards"] == 2 * 12  # every autoregressive step of the two rounds
+    assert "roofline: forwards against the memory floor" in out and "why the speedup is what it is" in out
+    from specview.diagnosis import Figures, diagnose
+
+    said = diagnose(Figures.from_bench(doc))  # the bench's own figures, in words, after its tables
+    assert said and all(" ".join(line.split()[:8]) in " ".join(out.split()) for line in said)
     assert "profile written: " in err and "bench file written: " in err
     files = list((tmp_path / "prof").glob("*.bench.json"))
     assert len(files) == 1 and json.loads(files[0].read_text()) == doc
@@ -103,6 +111,8 @@ def test_bench_end_to_end_with_peers_and_sweep(capsys, models, tmp_path):
     stem = str(files[0]).removesuffix(".bench.json")
     profile = json.loads(open(stem + ".json").read())
     assert profile["schema"] == "specview.profile/1" and profile["summary"]["steps"] > 0
+    assert profile["meta"]["t_ar_ms"] == doc["target_ms_per_token"]  # c and v as bench measured them
+    assert profile["summary"]["cost_ratio"] == pytest.approx(doc["cost_ratio"])
     assert len({s["run"] for s in profile["steps"]}) == 2  # the two timed rounds at K=3, no warm-up
     trace = json.loads(open(stem + ".trace.json").read())
     assert any(e.get("ph") == "X" and e.get("name") == "verify" for e in trace["traceEvents"])

@@ -4,7 +4,8 @@ import subprocess
 import sys
 
 HEADLESS = ["specview.engine", "specview.sampling", "specview.models", "specview.events", "specview.session",
-            "specview.runner", "specview.cli", "specview.profiling.recorder", "specview.report", "specview.bench.command"]
+            "specview.runner", "specview.cli", "specview.profiling.recorder", "specview.report", "specview.bench.command",
+            "specview.check", "specview.diagnosis"]
 
 
 def test_headless_modules_do_not_import_textual():
@@ -26,9 +27,9 @@ def test_import_linter_contract_holds():
 
 
 def test_help_loads_no_torch():
-    """`specview [run|bench|report] --help` parses before importing a command: no torch, so it is instant."""
+    """`specview [run|bench|report|check] --help` parses before importing a command: no torch, so it is instant."""
     code = ("import sys, contextlib, io\nfrom specview.cli import main\n"
-            "for argv in ([], ['run'], ['bench'], ['report']):\n"
+            "for argv in ([], ['run'], ['bench'], ['report'], ['check']):\n"
             "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
             "        main(argv + ['--help'])\n"
             "print(sorted(m for m in ('torch', 'transformers', 'textual') if m in sys.modules))")

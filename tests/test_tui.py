@@ -275,6 +275,41 @@ async def test_help_lists_every_key():
     assert {"space", "r", "left", "right", "plus,equals_sign", "minus", "e", "question_mark", "q", "ctrl+c"} <= keys
 
 
+async def test_the_roofline_lines_and_the_diagnosis_on_help():
+    """With the bandwidth and bytes in the loaded info, the timing panel adds a line per model (its forward
+    against its floor) and the help screen says why the speedup is what it is."""
+    from specview.tui.widgets.timing import TimingPanel
+
+    with open(RECORDING) as f:
+        recording = json.load(f)
+    recording["info"]["roofline"] = {"bandwidth_gbs": 40.0, "target": {"weights": 540_000_000, "kv_per_token": 46080},
+                                     "drafters": {recording["info"]["draft"]: {"weights": 123_000_000,
+                                                                               "kv_per_token": 23040}}}
+    app = SpecviewApp(ReplayBackend(recording))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        for _ in range(5):
+            await pilot.press("space")
+            await settle(app, pilot)
+        panel = app.query_one(TimingPanel)
+        text = _plain(panel.render())
+        assert "target fwd" in text and "draft fwd" in text and "floor 13.5 ms" in text
+        await pilot.press("question_mark")
+        from specview.tui.widgets.help_screen import help_text
+
+        assert isinstance(app.screen, HelpScreen) and app.screen.diagnosis
+        shown = _plain(help_text(app.screen.diagnosis))
+        assert "the speedup is what it is" in shown and "of a target token" in shown and "memory floor" in shown
+
+
+def _plain(renderable) -> str:
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(renderable)
+    return console.export_text()
+
+
 async def test_too_small_terminal_says_so():
     app = replay_app()
     async with app.run_test(size=(60, 20)) as pilot:

@@ -60,3 +60,18 @@ def test_render_helpers():
     assert visible(" a\nb") == "·a↵b" and visible("") == "∅" and visible("abcdefgh", 5) == "abcd…"
     assert sparkline([0, 1, 2], 10, lo=0) == "▁▅█"
     assert len(sparkline(list(range(50)), 10)) == 10
+
+
+def test_live_floors_and_the_diagnosis_figures():
+    roof = {"bandwidth_gbs": 10.0, "target": {"weights": 100_000_000, "kv_per_token": 1000},
+            "drafters": {"d": {"weights": 20_000_000, "kv_per_token": 0}}}
+    st = LiveStats(t_ar_ms=10.0, roofline=roof, drafter="d")
+    a = step([1, 2, 3, 4], 4, [1, 2, 3, 4, 9], draft_ms=20.0, verify_ms=12.0, wall_ms=40.0, rejected=False)
+    a.position = 100
+    st.add(a)
+    floors = st.floors()
+    assert floors["target"]["floor_ms"] == pytest.approx((100_000_000 + 1000 * 100) / 1e7)  # 10 GB/s: 1e7 bytes/ms
+    assert floors["target"]["ms"] == 12.0 and floors["draft"]["ms"] == 5.0 and floors["draft"]["floor_ms"] == 2.0
+    f = st.figures(4)
+    assert f.c == pytest.approx(0.5) and f.v == pytest.approx(1.2) and f.draft["share"] == pytest.approx(0.4)
+    assert LiveStats(t_ar_ms=10.0).floors() == {}  # no roofline (a replay of an older recording): no lines

@@ -212,9 +212,25 @@ def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
             swept = [e for e in entries if e["k"] in args.sweep_k]
             doc["drafters"][labels[label]]["sweep"] = [public(e) for e in swept]
             doc["drafters"][labels[label]]["recommended_k"] = recommend(swept)
+    doc["roofline"] = bench_roofline(session, records, s.k)
     doc["meta"] = {**session.meta(), "load_avg": {"start": list(load_start), "end": list(os.getloadavg())},
                    "load_s": session.load_s}
     return json.loads(json.dumps(doc, allow_nan=False))  # fail here, not halfway through a write
+
+
+def bench_roofline(session, records: dict, k: int) -> dict | None:
+    """summary.roofline of the timed speculative runs at the main K (the first drafter), plus the target's
+    one-token forward from the autoregressive runs (`target_one_token`)."""
+    from specview.profiling.roofline import roofline_summary, session_roofline
+
+    info = session_roofline(session)
+    first = {**info, "drafters": dict(list(info["drafters"].items())[:1])}
+    out = roofline_summary([st.to_json() for r in records[("speculative", k)] for st in r.steps], first)
+    ar = roofline_summary([st.to_json() for r in records[("autoregressive", None)] for st in r.steps],
+                          {**info, "drafters": {}})
+    if out is not None and ar is not None:
+        out["target_one_token"] = ar["target"]
+    return out
 
 
 def peer_of(session, drafter) -> str | None:
@@ -242,6 +258,7 @@ def write_profile_files(session, folder: str, timed_speculative: list, doc: dict
     from specview.profiling.recorder import ProfileRecorder
 
     recorder = ProfileRecorder(session, "speculative", folder)
+    recorder.meta["t_ar_ms"] = doc.get("target_ms_per_token")  # t_ar from the autoregressive runs, as bench's c and v
     for record in timed_speculative:
         for step in record.steps:
             recorder.add_step(step)

@@ -65,13 +65,15 @@ class EngineMethod:
         self.decoder = session.decoder(method, drafter=drafter)
         self.decoder.generator = generator  # one generator for the whole command (docs/design.md: seeded once)
 
-    def run(self, k: int | None = None) -> RunRecord:
+    def run(self, k: int | None = None, prompt_ids: list[int] | None = None,
+            max_new_tokens: int | None = None) -> RunRecord:
+        """One generation; the session's prompt and N unless given (eval runs every prompt of a set)."""
         s = self.session.settings
         if k is not None:
             self.decoder.k = k
         steps = []
         t0 = time.perf_counter()
-        run = self.decoder.start(self.session.prompt_ids, s.max_new_tokens)
+        run = self.decoder.start(prompt_ids or self.session.prompt_ids, max_new_tokens or s.max_new_tokens)
         while not run.done and not self.stop:
             steps.append(run.step())
         wall = time.perf_counter() - t0

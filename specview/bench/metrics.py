@@ -60,6 +60,8 @@ def speculative_metrics(k: int, spec: list[RunRecord], ar: list[RunRecord]) -> d
         "drafted_per_step": costs.k,  # the K in E / (K c + v): below the nominal K when N cuts the last block
         "expected_tokens_per_step": expected_tokens_per_step(alpha, k) if alpha is not None else None,
         "per_position_acceptance": counts.per_position_acceptance,
+        "conditional_position_acceptance": counts.conditional_position_acceptance,
+        "accepted_length_histogram": counts.accepted_length_histogram(k),
         "target_ms_per_token": costs.t_ar_ms,
         "draft_ms_per_token": costs.draft_ms_per_token,
         "verify_ms": costs.verify_ms,

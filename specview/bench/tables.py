@@ -8,10 +8,11 @@ from rich.table import Table
 from rich.text import Text
 
 from specview.bench.schema import METHOD_ORDER
+from specview.diagnosis import Figures, diagnose
 from specview.events import fmt
 from specview.metrics import ratio
 from specview.phases import PHASES
-from specview.profiling.render import config_diff
+from specview.profiling.render import config_diff, diagnosis_parts, roofline_table
 
 
 def render_bench(path: str, doc: dict) -> Group:
@@ -23,7 +24,8 @@ def render(doc: dict) -> Group:
     c = doc.get("config") or {}
     head = (f"target {c.get('target')} · draft {c.get('draft')} · N {c.get('max_new_tokens')} · K {c.get('k')} · "
             f"temperature {c.get('temperature')} · top-k {c.get('top_k')} · top-p {c.get('top_p')} · "
-            f"{c.get('num_runs')} rounds · prompt {c.get('prompt_tokens')} tokens · ignore EOS {c.get('ignore_eos')}")
+            f"{c.get('num_runs')} rounds · prompt {c.get('prompt_tokens')} tokens · "
+            + ("EOS ignored" if c.get("ignore_eos") else "stops at EOS"))
     meta = doc.get("meta") or {}
     load = (meta.get("load_avg") or {}).get("start")
     machine = (f"{meta.get('cpu')} · {meta.get('device')} · {meta.get('threads')} threads"
@@ -38,6 +40,9 @@ def render(doc: dict) -> Group:
     parts.append(metrics_table(doc))
     if doc.get("sweep"):
         parts.append(sweep_table(doc))
+    if isinstance(doc.get("roofline"), dict):
+        parts.append(roofline_table(doc["roofline"]))
+    parts += diagnosis_parts(diagnose(Figures.from_bench(doc)))
     if doc.get("interrupted_after_rounds") is not None:
         parts.append(Text(f"interrupted: results from {doc['interrupted_after_rounds']} complete rounds",
                           style="yellow"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specview.phases import MEASURED_PHASES
+from specview.profiling.roofline import floor_ms
 from specview.timing import StepTiming
 
 # Chrome trace tracks (tid): one per phase group, ordered top to bottom.
@@ -59,8 +60,9 @@ def _intervals(rec: StepRecord, origin: float, nested: bool = True) -> list[tupl
     return out
 
 
-def chrome_trace(records: list[StepRecord], origin: float, meta: dict) -> dict:
-    """{"traceEvents": [...]}: X events per phase on the tracks of TRACKS, C counters for memory and acceptance."""
+def chrome_trace(records: list[StepRecord], origin: float, meta: dict, roofline: dict | None = None) -> dict:
+    """{"traceEvents": [...]}: X events per phase on the tracks of TRACKS, C counters for memory, acceptance
+    and, with `roofline` (a profile's meta.roofline), each model's forward time against its floor."""
     pid = 1
     title = f"specview {meta.get('method', '')}: {meta.get('target', '')} / {meta.get('draft') or '-'}"
     events: list[dict] = [{"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": title}}]
@@ -100,10 +102,31 @@ def chrome_trace(records: list[StepRecord], origin: float, meta: dict) -> dict:
         if drafted:
             acc["acceptance rate %"] = round(100 * accepted / drafted, 2)
         events.append({"ph": "C", "pid": pid, "name": "acceptance", "ts": end_ts, "args": acc})
+        for name, args in roofline_counters(s, roofline):
+            events.append({"ph": "C", "pid": pid, "name": name, "ts": end_ts, "args": args})
     other = {"schema": "specview.trace/1", **meta}
     if budget < 0:
         other["note"] = f"nested spans (layernorm) kept for the first {MAX_NESTED_EVENTS} only; totals are in the profile"
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def roofline_counters(s: dict, roofline: dict | None) -> list[tuple[str, dict]]:
+    """This step's forwards against their floors (ms per forward): one counter per model."""
+    if not roofline or not roofline.get("bandwidth_gbs"):
+        return []
+    bw, phases, position = roofline["bandwidth_gbs"], s.get("phases_ms") or {}, s.get("position") or 0
+    target = roofline["target"]
+    out = [("roofline target", {"target ms": round(phases.get("verify") or 0.0, 3),
+                                "target floor ms": round(floor_ms(target["weights"] + target["kv_per_token"] * position,
+                                                                  bw), 3)})]
+    drafters = roofline.get("drafters") or {}
+    draft = drafters.get(s.get("drafter") or next(iter(drafters), None))
+    n = len(s.get("drafted") or [])
+    if n and draft and draft.get("weights"):
+        floor = floor_ms(draft["weights"] + draft["kv_per_token"] * (position + (n - 1) / 2), bw)
+        out.append(("roofline draft", {"draft ms": round((phases.get("draft") or 0.0) / n, 3),
+                                       "draft floor ms": round(floor, 3)}))
+    return out
 
 
 def _step_args(s: dict) -> dict:

@@ -3,8 +3,9 @@ step records, and what each phase contains."""
 
 from __future__ import annotations
 
-from specview.metrics import Counts
+from specview.metrics import Counts, cost_model, ratio
 from specview.phases import FORWARD_PHASES, PHASE_KEYS
+from specview.profiling.roofline import roofline_summary
 
 PROFILE_SCHEMA = "specview.profile/1"
 
@@ -26,8 +27,11 @@ PHASE_HELP = {
 }
 
 
-def summarize(steps: list[dict], prefill_ms: float = 0.0) -> dict:
-    """The profile's "summary" from its step records (JSON dicts as in the JSONL)."""
+def summarize(steps: list[dict], prefill_ms: float = 0.0, t_ar_ms: float | None = None,
+              roofline: dict | None = None) -> dict:
+    """The profile's "summary" from its step records (JSON dicts as in the JSONL). `t_ar_ms`: the one-token
+    target forward timed for a speculative profile (an autoregressive one measures it in every step);
+    `roofline`: meta.roofline (bandwidth and bytes per model), for summary.roofline."""
     counts = Counts(prefill_ms=prefill_ms)
     layernorm = {name: 0.0 for name in FORWARD_PHASES}
     rss_peak = device_peak = None
@@ -56,7 +60,19 @@ def summarize(steps: list[dict], prefill_ms: float = 0.0) -> dict:
         "tokens": counts.emitted,
         "rejections": counts.rejections,
         "mean_emitted_per_step": counts.mean_emitted_per_step,
+        **costs(counts, t_ar_ms),
+        "roofline": roofline_summary(steps, roofline),
     }
+
+
+def costs(counts: Counts, t_ar_ms: float | None) -> dict:
+    """t_ar, c, v and the theoretical speedup (metrics.cost_model). Without drafts the steps are
+    autoregressive: their verify is the one-token target forward, t_ar itself."""
+    if t_ar_ms is None and counts.steps and not counts.drafted:
+        t_ar_ms = ratio(counts.phases_ms.get("verify", 0.0), counts.steps)
+    model = cost_model(counts, t_ar_ms)
+    return {"t_ar_ms": t_ar_ms, "drafted_per_step": model.k, "cost_ratio": model.c, "verify_cost_ratio": model.v,
+            "theoretical_speedup": model.theoretical_speedup}
 
 
 def _max(a, b):

@@ -38,6 +38,7 @@ from specview.profiling.export import (
 )
 from specview.profiling.hooks import NormHooks
 from specview.profiling.profile import PROFILE_SCHEMA, summarize
+from specview.profiling.roofline import session_roofline
 from specview.timing import PhaseTimer
 
 AUTOSAVE_S = 20.0  # seconds between autosaves of the profile JSON during a long run (at most 2% of the time)
@@ -79,7 +80,12 @@ class ProfileRecorder:
 
     def attach(self, decoder) -> None:
         """Hook the norm modules of the decoder's models and make it time into this recorder's timer.
-        The first call also starts the op capture and py-spy. Attaching more decoders is fine."""
+        The first call also times t_ar for a speculative profile (its c and v need it; before the hooks,
+        like an autoregressive forward) and starts the op capture and py-spy. Attaching more decoders is fine."""
+        if self.method == "speculative" and self.meta.get("t_ar_ms") is None and not self._started:
+            from specview.session import time_target_token
+
+            self.meta["t_ar_ms"] = time_target_token(decoder, self.session.prompt_ids)
         decoder.timer = self.timer
         for role, lm in (("target", decoder.target), ("draft", decoder.draft)):
             if lm is not None:
@@ -142,7 +148,7 @@ class ProfileRecorder:
         summaries = list(summaries or ())
         runs = {r.step.get("run") for r in self.records}
         prefill = sum(s.prefill_ms for s in summaries)
-        summary = summarize(self.steps, prefill)
+        summary = summarize(self.steps, prefill, self.meta.get("t_ar_ms"), self.meta.get("roofline"))
         summary.update(method=self.method, runs=len(runs), interrupted=interrupted,
                        stop_reasons=[s.stop_reason for s in summaries])
         doc = {"schema": PROFILE_SCHEMA, "meta": self.meta, "summary": summary, "steps": self.steps}
@@ -179,7 +185,8 @@ class ProfileRecorder:
                       "profile": os.path.basename(self.path)}
         try:
             write_json_atomic(self.path, doc)
-            write_json_atomic(self.trace_path, chrome_trace(self.records, self.origin, trace_meta))
+            write_json_atomic(self.trace_path, chrome_trace(self.records, self.origin, trace_meta,
+                                                            self.meta.get("roofline")))
             write_json_atomic(self.speedscope_path,
                               speedscope(self.records, self.origin, os.path.basename(self.stem)))
         except OSError as err:
@@ -201,7 +208,9 @@ class ProfileRecorder:
         settings = self.session.settings
         draft = settings.draft if self.method == "speculative" else None
         meta.update(method=self.method, target=settings.target, draft=draft, k=settings.k,
-                    norm_modules={}, files={})
+                    norm_modules={}, files={}, t_ar_ms=None)
+        # Bytes per forward of each model and the machine's bandwidth (probed once, cached): the roofline.
+        meta["roofline"] = session_roofline(self.session, drafters=self.method == "speculative")
         return meta
 
     def _unique_stem(self) -> str:

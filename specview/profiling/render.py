@@ -7,6 +7,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from specview.diagnosis import Figures, diagnose
 from specview.events import fmt
 from specview.phases import PHASES
 from specview.profiling.profile import PHASE_HELP
@@ -52,6 +53,10 @@ def render_profile(path: str, doc: dict) -> Group:
     if overheads:
         parts.append(_title("\nlargest overheads"))
         parts += [Text(f"  {i}. {line}") for i, line in enumerate(overheads, 1)]
+    roof = s.get("roofline")
+    if isinstance(roof, dict):
+        parts += [Text(""), roofline_table(roof)]
+    parts += diagnosis_parts(diagnose(Figures.from_profile(doc)))
     if isinstance(doc.get("ops"), dict):
         parts += [Text(""), ops_table(doc["ops"])]
     parts += [Text(""), phase_glossary()]
@@ -169,6 +174,37 @@ def largest_overheads(s: dict, count: int = 3) -> list[str]:
     return [words for _, words in found[:count]]
 
 
+def roofline_table(roof: dict) -> Table:
+    """Each model's forward against its memory floor (docs/design.md "Roofline and diagnosis")."""
+    table = Table(title=f"roofline: forwards against the memory floor ({fmt(roof.get('bandwidth_gbs'), '{:.1f}')} GB/s "
+                        "measured)", title_justify="left",
+                  caption=f"floor = bytes read (weights + KV cache) / bandwidth; share = floor / measured. "
+                          f"Bandwidth probe: {roof.get('probe') or 'n/a'}", caption_justify="left")
+    for col in ("model", "forwards", "MB read", "floor ms", "measured ms", "share", "above floor ms"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    rows = [("target", roof.get("target")), ("  one-token (autoregressive)", roof.get("target_one_token")),
+            ("draft", roof.get("draft"))]
+    rows += [(f"  {spec}", fig) for spec, fig in (roof.get("drafters") or {}).items()]
+    for name, fig in rows:
+        if isinstance(fig, dict):
+            table.add_row(name, str(fig.get("forwards")), fmt(_num(fig.get("bytes")) and fig["bytes"] / 1e6, "{:.1f}"),
+                          fmt(fig.get("floor_ms")), fmt(fig.get("ms")), fmt(fig.get("share"), "{:.0%}"),
+                          fmt(fig.get("above_ms")))
+    return table
+
+
+def diagnosis_parts(sentences: list[str]) -> list:
+    """The diagnosis (specview.diagnosis) as a list with hanging indents."""
+    if not sentences:
+        return []
+    table = Table(box=None, show_header=False, padding=(0, 1, 0, 0), pad_edge=False)
+    table.add_column(width=3, justify="right")
+    table.add_column(ratio=1)
+    for line in sentences:
+        table.add_row("-", line)
+    return [_title("\nwhy the speedup is what it is"), table]
+
+
 def phase_glossary() -> Table:
     table = Table(title="what each phase contains", title_justify="left", show_header=False, box=None)
     table.add_column(style="bold")
@@ -210,12 +246,19 @@ def compare_profiles(a: tuple[str, dict], b: tuple[str, dict]) -> Group:
     rows = [("tokens/s", "tokens_per_s", "{:.1f}"), ("wall ms", "wall_ms", "{:.1f}"), ("steps", "steps", "{:.0f}"),
             ("tokens", "tokens", "{:.0f}"), ("acceptance rate", "acceptance_rate", "{:.3f}"),
             ("alpha", "alpha", "{:.3f}"), ("tokens/step", "mean_emitted_per_step", "{:.2f}"),
-            ("prefill ms", "prefill_ms", "{:.1f}")]
+            ("prefill ms", "prefill_ms", "{:.1f}"), ("t_ar ms", "t_ar_ms", "{:.2f}"), ("c", "cost_ratio", "{:.3f}"),
+            ("v", "verify_cost_ratio", "{:.3f}")]
     for label, key, spec in rows:
         va, vb = _num(sa.get(key)), _num(sb.get(key))
         metrics.add_row(label, fmt(va, spec), fmt(vb, spec), _signed(None if va is None or vb is None else vb - va,
                                                                      "{:+" + spec[2:]),
                         fmt(vb / va if va and vb is not None else None, "{:.2f}x"))
+    for role in ("target", "draft"):  # each model's forward against its floor (older profiles: n/a)
+        fa, fb = ((x.get("roofline") or {}).get(role) or {} for x in (sa, sb))
+        for label, key, spec in ((f"{role} forward ms", "ms", "{:.2f}"), (f"{role} floor ms", "floor_ms", "{:.2f}")):
+            va, vb = _num(fa.get(key)), _num(fb.get(key))
+            metrics.add_row(label, fmt(va, spec), fmt(vb, spec), _signed(_diff(va, vb), "{:+.2f}"),
+                            fmt(vb / va if va and vb is not None else None, "{:.2f}x"))
     ma, mb = sa.get("memory_peak_mb") or {}, sb.get("memory_peak_mb") or {}
     metrics.add_row("RSS peak MiB", fmt(ma.get("rss"), "{:.0f}"), fmt(mb.get("rss"), "{:.0f}"),
                     _signed(_diff(ma.get("rss"), mb.get("rss")), "{:+.0f}"), "")

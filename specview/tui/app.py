@@ -13,6 +13,7 @@ from textual.binding import Binding
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
+from specview.diagnosis import diagnose
 from specview.errors import SpecviewError
 from specview.stopping import Stop
 from specview.tui import messages as msg
@@ -105,7 +106,9 @@ class SpecviewApp(App[None]):
         """The figures of the drafter in use (each drafter keeps its own)."""
         drafter = self.backend.draft
         if drafter not in self.stats_by_drafter:
-            self.stats_by_drafter[drafter] = LiveStats(t_ar_ms=self.info.t_ar_ms if self.info else None)
+            self.stats_by_drafter[drafter] = LiveStats(t_ar_ms=self.info.t_ar_ms if self.info else None,
+                                                       roofline=self.info.roofline if self.info else None,
+                                                       drafter=drafter)
         return self.stats_by_drafter[drafter]
 
     # workers: blocking engine calls, answers by post_message ---------------------------------
@@ -301,7 +304,7 @@ class SpecviewApp(App[None]):
             self.new_run_worker()
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        self.push_screen(HelpScreen(diagnose(self.stats.figures(self.backend.k)) if self.views else []))
 
     async def action_quit(self) -> None:
         if self.quitting or not self.loaded:  # a second press, or nothing to save: out now

@@ -6,7 +6,6 @@ save waits for the step in flight. No textual here: the app talks to this throug
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -16,7 +15,6 @@ from specview.events import RunSummary, StepResult
 from specview.tui.views import RunInfo, SessionInfo, StepView
 
 K_MAX = 32  # + stops here: wider blocks only waste draft forwards
-T_AR_FORWARDS = 7  # one-token target forwards timed after loading (after one warm-up)
 
 
 class StepQueue:
@@ -107,7 +105,7 @@ class EngineBackend(Backend):
 
     def load(self, on_progress):
         from specview.profiling.recorder import ProfileRecorder
-        from specview.session import open_session
+        from specview.session import open_session, time_target_token
 
         t0 = time.perf_counter()
         session = open_session(self.settings, on_progress)
@@ -115,6 +113,7 @@ class EngineBackend(Backend):
         decoder = session.decoder("speculative", timer=recorder.timer)
         on_progress("timing one-token target forwards")
         t_ar_ms = time_target_token(decoder, session.prompt_ids)
+        recorder.meta["t_ar_ms"] = t_ar_ms  # the profile's c and v use the same t_ar as the screen
         recorder.attach(decoder)
         with self.lock:
             self.session, self.decoder, self.recorder = session, decoder, recorder
@@ -127,6 +126,7 @@ class EngineBackend(Backend):
             prompt_text=tok.decode(ids), t_ar_ms=t_ar_ms, load_s=time.perf_counter() - t0,
             drafters=[d.spec for d in session.drafters],
             prompt_pieces=[piece_in_context(tok.decode, ids[max(0, i - CONTEXT): i], ids[i]) for i in range(len(ids))],
+            roofline=recorder.meta.get("roofline"),
         )
         return info, self.new_run()
 
@@ -181,27 +181,6 @@ class EngineBackend(Backend):
         if interrupted:
             self.run.summary.stop_reason = "interrupted"
         return str(self.recorder.save(self.summaries, interrupted=interrupted))
-
-
-def time_target_token(decoder, prompt_ids: list[int], forwards: int = T_AR_FORWARDS) -> float | None:
-    """t_ar: median wall time of one-token target forwards after the prompt (prefill excluded)."""
-    from specview.kvcache import new_cache
-
-    target = decoder.target
-    if decoder.context_len:
-        forwards = min(forwards, decoder.context_len - len(prompt_ids) - 2)
-    if forwards < 1:
-        return None
-    cache = new_cache(target)
-    logits = decoder.forward(target, cache, prompt_ids, keep=1)
-    token = int(logits[-1].argmax())
-    times = []
-    for _ in range(forwards + 1):  # the first one warms up
-        t0 = time.perf_counter()
-        logits = decoder.forward(target, cache, [token], keep=1)
-        token = int(logits[-1].argmax())  # the .item() waits for the device
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times[1:])
 
 
 def token_texts(decode, before: list[int], step: StepResult) -> dict[int, str]:

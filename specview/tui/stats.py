@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specview.diagnosis import Figures
 from specview.events import StepResult
 from specview.metrics import CostModel, Counts, cost_model, estimated_speedup, ratio
+from specview.profiling.roofline import ForwardTally
 
 RECENT = 20  # steps in the "last 20" acceptance rate
 
@@ -20,10 +22,24 @@ class LiveStats:
     counts: Counts = field(default_factory=Counts)  # the shared metric definitions (events.Counts)
     layernorm_sums: dict[str, float] = field(default_factory=dict)  # the norm hooks' split, summed
     ui_cpu_ms: list[float] = field(default_factory=list)  # the TUI process's own CPU time per step: its cost
+    roofline: dict | None = None  # SessionInfo.roofline: bandwidth and bytes per forward of each model
+    drafter: str | None = None  # the drafter these figures are for (its bytes in roofline["drafters"])
+    tallies: dict[str, ForwardTally] = field(default_factory=dict)  # "target" / "draft" forwards, for the floors
+
+    def __post_init__(self) -> None:
+        roof = self.roofline or {}
+        draft = (roof.get("drafters") or {}).get(self.drafter)
+        for role, figure in (("target", roof.get("target")), ("draft", draft)):
+            if figure:
+                self.tallies[role] = ForwardTally(figure["weights"], figure["kv_per_token"])
 
     def add(self, s: StepResult) -> None:
         self.steps.append(s)
         self.counts.add(s)
+        if self.tallies:  # two multiply-adds a step: the floors of its forwards
+            self.tallies["target"].add(1, s.position, s.phases_ms.get("verify", 0.0))
+            if s.drafted and "draft" in self.tallies and self.tallies["draft"].weights:
+                self.tallies["draft"].add(len(s.drafted), s.position, s.phases_ms.get("draft", 0.0))
         for model, ms in s.layernorm_ms.items():  # {"draft": .., "verify": ..}
             self.layernorm_sums[model] = self.layernorm_sums.get(model, 0.0) + ms
 
@@ -111,6 +127,17 @@ class LiveStats:
     @property
     def mean_wall_ms(self) -> float | None:
         return ratio(self.counts.steps_ms, self.counts.steps)
+
+    def floors(self) -> dict[str, dict]:
+        """Per model ("target", "draft"): the mean forward against its memory floor (roofline figures)."""
+        bw = (self.roofline or {}).get("bandwidth_gbs")
+        return {role: t.figures(bw) for role, t in self.tallies.items()}
+
+    def figures(self, k: int) -> Figures:
+        """What the diagnosis reads (specview.diagnosis), from the figures on screen."""
+        costs, floors = self.costs, self.floors()
+        return Figures(self.alpha, costs.e, costs.k, k, costs.c, costs.v, self.t_ar_ms, floors.get("target"),
+                       floors.get("draft"), (self.roofline or {}).get("bandwidth_gbs"))
 
     def memory_series(self, key: str = "rss") -> list[float]:
         return [s.memory_mb[key] for s in self.steps if s.memory_mb.get(key) is not None]

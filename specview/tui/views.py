@@ -20,6 +20,7 @@ class SessionInfo:
     load_s: float
     drafters: list[str] = field(default_factory=list)  # every drafter's spec; `d` cycles through them
     prompt_pieces: list[str] = field(default_factory=list)  # the prompt's tokens as text (n-gram sources)
+    roofline: dict | None = None  # bandwidth and each model's bytes per forward (profiling.roofline.session_roofline)
 
     @property
     def greedy(self) -> bool:

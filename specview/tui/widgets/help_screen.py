@@ -28,11 +28,12 @@ METRICS = [
     ("v", "mean verify forward time / t_ar"),
     ("theory", "E / (K c + v): a zero-overhead engine with these models"),
     ("speedup est.", "tokens × t_ar / time of the steps"),
+    ("floor", "bytes a forward reads (weights + KV cache) / memory bandwidth: the fastest it can be"),
     ("p/q, r", "a draft is accepted when r ≤ p(x)/q(x); greedy: when it is the target's argmax"),
 ]
 
 
-def help_text() -> Table:
+def help_text(diagnosis: list[str] | None = None) -> Table:
     table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2))
     table.add_column(style="bold cyan", no_wrap=True)
     table.add_column()
@@ -45,6 +46,13 @@ def help_text() -> Table:
     table.add_row("", "")
     for name, what in METRICS:
         table.add_row(name, what)
+    table.add_row("", "")
+    if diagnosis:  # specview.diagnosis, from this drafter's figures so far
+        table.add_row(Text("why", style="bold"), Text("the speedup is what it is (figures so far)", style="bold"))
+        for line in diagnosis:
+            table.add_row("-", line)
+    else:
+        table.add_row("why", Text("after a few steps: why the speedup is what it is", style="dim"))
     return table
 
 
@@ -56,8 +64,12 @@ class HelpScreen(ModalScreen):
                                   border: round $accent; background: $surface; padding: 0 1; }
     """
 
+    def __init__(self, diagnosis: list[str] | None = None):
+        super().__init__()
+        self.diagnosis = diagnosis or []
+
     def compose(self):
         with VerticalScroll() as box:
             box.border_title = "specview keys"
             box.border_subtitle = "esc to close"
-            yield Static(help_text())
+            yield Static(help_text(self.diagnosis))

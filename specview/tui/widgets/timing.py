@@ -1,4 +1,5 @@
-"""Per-phase timing: the last step and the mean per step, with bars (share of the step's wall time)."""
+"""Per-phase timing: the last step and the mean per step, with bars (share of the step's wall time), and
+a line per model: its forward (ms) against its memory floor (the roofline, profiling/roofline.py)."""
 
 from __future__ import annotations
 
@@ -31,13 +32,17 @@ class TimingPanel(StatsPanel):
         if s is None:
             return Text("no steps yet", style="dim")
         mean_wall = st.mean_wall_ms or 0.0
-        if self.size.height >= len(PHASE_ROWS) + 2:
-            split = bool(s.layernorm_ms) and self.size.height >= len(PHASE_ROWS) + 4
-            return self._table(st, s, mean_wall, split)
+        base = len(PHASE_ROWS) + 2  # header, phases, wall
+        if self.size.height >= base:
+            floors = {role: fig for role, fig in st.floors().items() if fig.get("floor_ms") is not None}
+            floors = dict(list(floors.items())[: max(0, self.size.height - base)])  # the roofline before the split
+            split = bool(s.layernorm_ms) and self.size.height >= base + len(floors) + 2
+            return self._table(st, s, mean_wall, split, floors)
         return self._compact(st, s)
 
-    def _table(self, st: LiveStats, s: StepResult, mean_wall: float, split: bool) -> Table:
-        """`split`: layernorm also per model (draft forwards / verify forwards)."""
+    def _table(self, st: LiveStats, s: StepResult, mean_wall: float, split: bool, floors: dict) -> Table:
+        """`split`: layernorm also per model (draft forwards / verify forwards); `floors`: a line per model,
+        its mean forward against its memory floor (the roofline)."""
         table = Table(box=None, pad_edge=False, padding=(0, 1), header_style="bold", expand=True)
         table.add_column("phase", no_wrap=True)
         table.add_column("step", justify="right", no_wrap=True)
@@ -57,6 +62,12 @@ class TimingPanel(StatsPanel):
                                   fmt(st.phase_mean(f"layernorm_{model}"), "{:.1f}"), "", style="dim")
         table.add_row(Text("wall", style="bold"), Text(f"{s.wall_ms:.1f}", style="bold"),
                       Text(fmt(st.mean_wall_ms, "{:.1f}"), style="bold"), "")
+        for role, fig in floors.items():
+            n = len(s.drafted) if role == "draft" else 1
+            last = s.phases_ms.get("draft" if role == "draft" else "verify", 0.0) / n if n else None
+            table.add_row(Text(f"{role} fwd", style="magenta"), fmt(last, "{:.1f}"), fmt(fig["ms"], "{:.1f}"),
+                          Text(f"floor {fig['floor_ms']:.1f} ms · {fmt(fig['share'], '{:.0%}')} of bandwidth",
+                               style="magenta"))
         return table
 
     def _compact(self, st: LiveStats, s: StepResult) -> Text:

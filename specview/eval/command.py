@@ -1,0 +1,187 @@
+"""`specview eval`: every prompt of a set through autoregressive decoding and each drafter, on models
+loaded once. The runs are bench's EngineMethod (the same decode loop as `run` and `bench`); this module
+only walks the prompts, keeps the results (written after every prompt, atomically, so a stop or a kill
+leaves a file --resume continues) and shows them. docs/design.md "Eval"."""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import nullcontext
+
+import torch
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from specview.bench.methods import EngineMethod
+from specview.drafters.specs import kind as drafter_kind
+from specview.drafters.specs import split_specs
+from specview.errors import SpecviewError
+from specview.eval.document import (
+    build_doc,
+    check_resume,
+    complete_results,
+    default_path,
+    eval_config,
+    load_resume,
+    result_record,
+)
+from specview.eval.prompts import BUILTIN, Prompt, load_prompts
+from specview.files import ensure_writable_dir, write_json_atomic
+from specview.session import check_context, encode_prompt, open_session
+from specview.settings import Settings
+from specview.stopping import Stop
+
+WARMUP_TOKENS = 8  # each method's first forwards pay one-time costs (kernel choice, allocation): not timed
+
+
+def eval_command(args) -> int:
+    stop = Stop()
+    with stop.on_signals():
+        return _eval(args, stop)
+
+
+def _eval(args, stop: Stop) -> int:
+    settings = Settings.from_args(args)
+    # Everything a user can get wrong is checked here, before the models load.
+    if getattr(args, "prompt", None) is not None:
+        raise SpecviewError("eval reads its prompts from --prompts (builtin or a file), not --prompt")
+    prompts = load_prompts(args.prompts, args.limit, args.categories)
+    drafters = split_specs(settings.draft)
+    for spec in drafters:
+        drafter_kind(spec)
+    config = eval_config(settings, args, prompts, drafters)
+    previous = load_resume(args.resume, config) if args.resume else None
+    out = args.json or args.resume or default_path(args.profile_dir or settings.profile_dir, settings.target)
+    ensure_writable_dir(os.path.dirname(os.path.abspath(out)), "--json")
+    stdout, stderr = Console(highlight=False), Console(stderr=True, highlight=False)
+    if not stdout.is_terminal:
+        stdout.width = max(stdout.width, 132)  # a file or pipe gets whole tables
+
+    settings.prompt, settings.chat = prompts[0].text, bool(args.chat)  # self:auto calibrates on the first prompt
+    with stderr.status("loading models…") if stderr.is_terminal else nullcontext() as status:
+        with stop.immediately():  # nothing measured yet: a signal interrupts the load at once
+            session = open_session(settings, (lambda msg: status.update(msg + "…")) if status else None)
+    for note in session.notes:
+        stderr.print(note, soft_wrap=True)
+    tokenizer = session.target.tokenizer
+    chat = args.chat if args.chat is not None else args.prompts == BUILTIN and bool(getattr(tokenizer, "chat_template", None))
+    settings.chat = config["chat"] = chat
+    if previous:
+        check_resume(args.resume, previous["config"], config, ("chat",))
+    prompt_ids = {p.id: encode(session, p, chat) for p in prompts}
+    prompt_meta = [{"id": p.id, "category": p.category, "prompt_tokens": len(prompt_ids[p.id])} for p in prompts]
+    results = complete_results(previous, set(prompt_ids)) if previous else []
+    done = {r["prompt_id"] for r in results}
+    todo = [(i, p) for i, p in enumerate(prompts) if p.id not in done]
+
+    never = Stop()  # a run always finishes: eval stops between prompts, never inside one
+    generator = torch.Generator(device=session.device)
+    methods = [(None, EngineMethod(session, "autoregressive", generator, never))]
+    methods += [(d.spec, EngineMethod(session, "speculative", generator, never, d)) for d in session.drafters]
+    meta = {**session.meta(), "load_s": session.load_s, "resumed_results": len(results)}
+    del meta["prompt_ids"]  # the session's one prompt: eval's are in "prompts"
+    timing = {"warmup_s": 0.0, "loop_s": 0.0, "runs_s": 0.0}
+
+    def save(interrupted: bool) -> dict:
+        timing_meta = {**timing, "overhead_s": timing["loop_s"] - timing["runs_s"],
+                       "overhead_share": (timing["loop_s"] - timing["runs_s"]) / timing["loop_s"]
+                       if timing["loop_s"] else None}
+        doc = build_doc(config, prompt_meta, results, {**meta, "timing": timing_meta}, interrupted)
+        try:
+            write_json_atomic(out, doc, indent=1)
+        except OSError as err:
+            raise SpecviewError(f"--json: cannot write {out}: {err.strerror}") from err
+        return doc
+
+    interrupted = False
+    with eval_progress(stderr) as progress:
+        task = progress.add_task("warm-up", total=len(todo) * len(methods))
+        try:
+            if todo:
+                t0 = time.perf_counter()
+                first = prompt_ids[todo[0][1].id]
+                for _, method in methods:
+                    method.run(prompt_ids=first, max_new_tokens=min(WARMUP_TOKENS, settings.max_new_tokens))
+                timing["warmup_s"] = time.perf_counter() - t0
+            loop_start = time.perf_counter()
+            for index, prompt in todo:
+                if stop:
+                    interrupted = True
+                    break
+                results.extend(run_prompt(prompt, index, prompt_ids[prompt.id], methods, settings, generator,
+                                          timing, lambda label: (progress.update(task, description=label),
+                                                                 progress.refresh())))
+                progress.advance(task, len(methods))
+                timing["loop_s"] = time.perf_counter() - loop_start
+                save(False)
+                timing["loop_s"] = time.perf_counter() - loop_start  # the write is eval's own work too
+        except KeyboardInterrupt:  # a second signal: the prompt in flight is dropped, the rest is kept
+            interrupted = True
+    doc = save(interrupted)
+    show(doc, out, args, stdout, stderr)
+    return 130 if interrupted or stop else 0
+
+
+def encode(session, prompt: Prompt, chat: bool) -> list[int]:
+    ids = encode_prompt(session.target.tokenizer, prompt.text, chat)
+    try:
+        check_context([session.target] + [getattr(d, "lm", None) for d in session.drafters], len(ids),
+                      session.settings.max_new_tokens)
+    except SpecviewError as err:
+        raise SpecviewError(f"prompt {prompt.id} ({prompt.category}): {err}") from None
+    return ids
+
+
+def run_prompt(prompt: Prompt, index: int, ids: list[int], methods: list, settings: Settings, generator,
+               timing: dict, say) -> list[dict]:
+    """Autoregressive, then each drafter, on one prompt. Each prompt's draws are seeded from --seed and its
+    place in the set, so a resumed eval samples exactly what an uninterrupted one would."""
+    generator.manual_seed(settings.seed * 1_000_003 + index)
+    out, reference = [], None
+    for drafter, method in methods:
+        say(f"{prompt.category} {prompt.id} · {drafter or 'autoregressive'}")
+        record = method.run(prompt_ids=ids)
+        timing["runs_s"] += record.wall_s
+        if drafter is None and settings.greedy:
+            reference = record.generated_ids
+        out.append(result_record(prompt, drafter, record, reference))
+    return out
+
+
+def eval_progress(console: Console) -> Progress:
+    """Refreshed by hand after each run, no refresh thread: nothing competes with the timed runs for the GIL."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("eta"), TimeRemainingColumn(), console=console, auto_refresh=False,
+                    transient=True, disable=not console.is_terminal)
+
+
+def show(doc: dict, out: str, args, stdout: Console, stderr: Console) -> None:
+    from specview.eval.tables import render
+
+    stdout.print(render(doc))
+    files = [out]
+    if not args.no_plots:
+        from specview.eval.plots import terminal_plots, write_plot_files
+
+        for plot in terminal_plots(doc, color=stdout.is_terminal):
+            stdout.print(plot)
+        if doc["results"]:
+            files += write_plot_files(doc, out)
+    t = doc["meta"]["timing"]
+    if t["loop_s"]:
+        stderr.print(f"eval's own work: {t['overhead_s']:.2f} s of {t['loop_s']:.1f} s ({t['overhead_share']:.2%}) "
+                     f"outside the runs; warm-up {t['warmup_s']:.1f} s, models loaded in {doc['meta']['load_s']:.1f} s",
+                     style="dim", soft_wrap=True)
+    stderr.print(f"results written: {files[0]}  (show again with `specview report {files[0]}`)", soft_wrap=True)
+    if len(files) > 1:
+        stderr.print("plots written: " + ", ".join(files[1:]), soft_wrap=True)
+    if doc["interrupted"]:
+        stderr.print(f"interrupted: continue with `specview eval --resume {out}` (same options)", soft_wrap=True)

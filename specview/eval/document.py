@@ -1,0 +1,109 @@
+"""The eval document, `specview.eval/1` (docs/design.md "Eval"): its config, one result per (prompt,
+method), the summary, and --resume's check that a file was written with the same settings. No torch."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from specview.errors import SpecviewError
+from specview.eval.prompts import Prompt, digest
+from specview.eval.summary import AUTOREGRESSIVE, summarize
+from specview.events import _clean
+from specview.settings import Settings
+
+EVAL_SCHEMA = "specview.eval/1"
+# Settings a resumed eval must share with its file: each changes the tokens or the timings. (profile_dir,
+# cache and the prompt set's path do not: the set is compared by its digest, so a moved file still resumes.)
+RESUME_FIELDS = ("target", "draft", "max_new_tokens", "k", "temperature", "top_k", "top_p", "seed", "ignore_eos",
+                 "device", "threads", "chat", "prompt_set_sha256")
+
+
+def eval_config(settings: Settings, args, prompts: list[Prompt], drafters: list[str]) -> dict:
+    config = {k: v for k, v in settings.to_json().items() if k not in ("prompt", "profile_dir")}
+    config.update(chat=args.chat, prompts=args.prompts, limit=args.limit, categories=args.categories,
+                  prompt_set_sha256=digest(prompts), num_prompts=len(prompts), drafters=drafters)
+    return config  # chat None = not resolved yet (auto: known once the tokenizer is loaded)
+
+
+def check_resume(path: str, old: dict, new: dict, fields=RESUME_FIELDS) -> None:
+    """SpecviewError naming the first setting that differs (a None on our side = not known yet: skipped)."""
+    for name in fields:
+        if name == "chat" and new.get(name) is None:
+            continue  # auto: compared once the tokenizer says what auto means
+        if old.get(name) != new.get(name):
+            if name == "prompt_set_sha256":
+                raise SpecviewError(f"--resume {path} was written for another prompt set (the file, --limit or "
+                                    "--categories differ); give the same ones, or start a new eval")
+            raise SpecviewError(f"--resume {path} was written with {name} {old.get(name)!r}, this eval has "
+                                f"{new.get(name)!r}; use the same settings, or start a new eval")
+
+
+def load_resume(path: str, config: dict) -> dict:
+    """The document to continue, checked against this eval's config (before any model loads)."""
+    from specview.report import load
+
+    _, doc = load(path)
+    if doc["schema"] != EVAL_SCHEMA:
+        raise SpecviewError(f"--resume {path} is a {doc['schema']} file, not an eval ({EVAL_SCHEMA})")
+    check_resume(path, doc["config"], config)
+    return doc
+
+
+def complete_results(doc: dict, prompt_ids: set[str]) -> list[dict]:
+    """The results of the prompts that ran through every method (a stop only ever keeps whole prompts, but a
+    file edited by hand might not)."""
+    methods = [(AUTOREGRESSIVE, None)] + [("speculative", d) for d in doc["config"]["drafters"]]
+    by_prompt: dict[str, list[dict]] = {}
+    for r in doc["results"]:
+        by_prompt.setdefault(r["prompt_id"], []).append(r)
+    keep = []
+    for pid, rs in by_prompt.items():
+        if pid in prompt_ids and sorted((r["method"], r["drafter"] or "") for r in rs) == \
+                sorted((m, d or "") for m, d in methods):
+            keep.extend(rs)
+    return keep
+
+
+def default_path(folder: str, target: str) -> str:
+    from specview.profiling.recorder import clean_name
+
+    t = time.time()
+    while True:  # unique to the millisecond, like profile stems
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(t)) + f"-{int(t * 1000) % 1000:03d}"
+        path = os.path.join(folder, f"{stamp}-{clean_name(target)}.eval.json")
+        if not os.path.exists(path):
+            return path
+        t += 0.001
+
+
+def result_record(prompt: Prompt, drafter: str | None, record, reference: list[int] | None) -> dict:
+    """One run (a bench RunRecord) as the document keeps it. `reference`: the autoregressive tokens of
+    this prompt when decoding is greedy (a drafter must emit exactly them), else None."""
+    s = record.summary
+    speculative = drafter is not None
+    same, first = None, None
+    if speculative and reference is not None:
+        from specview.bench.metrics import same_tokens
+
+        check = same_tokens(reference, record.generated_ids)
+        same, first = check["same"], check["first_difference"]
+    return _clean({
+        "prompt_id": prompt.id, "category": prompt.category,
+        "method": "speculative" if speculative else AUTOREGRESSIVE, "drafter": drafter,
+        "tokens": record.tokens, "steps": s.steps, "wall_s": record.wall_s, "prefill_ms": s.prefill_ms,
+        "accepted_lengths": [st.accepted for st in record.steps] if speculative else [],
+        "drafted_lengths": [len(st.drafted) for st in record.steps] if speculative else [],
+        "drafted": s.drafted, "accepted": s.accepted, "same_tokens": same, "first_difference": first,
+        "stop_reason": s.stop_reason, "phases_ms": dict(s.phases_ms), "generated_ids": record.generated_ids,
+    })
+
+
+def build_doc(config: dict, prompts: list[dict], results: list[dict], meta: dict, interrupted: bool) -> dict:
+    doc = {"schema": EVAL_SCHEMA, "config": config, "prompts": prompts, "results": results}
+    done = {r["prompt_id"] for r in results}
+    doc["summary"] = summarize(doc)
+    doc["complete"] = all(p["id"] in done for p in prompts)
+    doc["interrupted"] = interrupted
+    doc["meta"] = meta
+    return _clean(doc)

@@ -1,0 +1,101 @@
+"""An eval document's `summary`: the metrics per drafter, overall and per category, from its `results`
+(docs/design.md "Eval"). Every definition comes from specview/metrics.py, the one home shared with run,
+bench and the TUI; this module only groups results and rebuilds their counters. No torch: `report`
+recomputes nothing, but tests and --resume rebuild summaries from the JSON alone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from specview.events import _clean
+from specview.metrics import Counts, cost_model, ratio, speedups_over_baseline
+
+AUTOREGRESSIVE = "autoregressive"  # the summary's key for the baseline (drafter specs key the others)
+
+
+def result_counts(results: Iterable[dict]) -> Counts:
+    """The counters of whole runs, rebuilt from their per-step accepted and drafted lengths (a step with
+    fewer accepted than drafted had a rejection: blocks are tested in order and stop at the first)."""
+    counts = Counts()
+    for r in results:
+        for drafted, accepted in zip(r.get("drafted_lengths") or [], r.get("accepted_lengths") or []):
+            counts.count(drafted, accepted, accepted < drafted, 0)
+        if r["method"] == AUTOREGRESSIVE:  # one token per step, nothing drafted: no lengths stored
+            counts.steps += r["steps"]
+        counts.emitted += r["tokens"]
+        counts.prefill_ms += r.get("prefill_ms") or 0.0
+        counts.steps_ms += r["wall_s"] * 1000 - (r.get("prefill_ms") or 0.0)  # wall = the whole call
+        for name, ms in (r.get("phases_ms") or {}).items():
+            counts.phases_ms[name] = counts.phases_ms.get(name, 0.0) + ms
+    return counts
+
+
+def group_metrics(results: list[dict], baseline: dict[str, dict], k: int) -> dict:
+    """The metrics of one drafter's results (a category, or all) against the autoregressive result of each
+    of the same prompts (`baseline`: prompt id -> result)."""
+    counts = result_counts(results)
+    base = [baseline[r["prompt_id"]] for r in results if r["prompt_id"] in baseline]
+    ar = result_counts(base)
+    t_ar = ratio(ar.phases_ms.get("verify"), ar.steps)  # one-token target forward, prefill excluded
+    costs = cost_model(counts, t_ar)
+    alpha = counts.alpha
+    e_k, predicted = costs.predicted(alpha, k)
+    pairs = [(baseline[r["prompt_id"]]["tokens"], baseline[r["prompt_id"]]["wall_s"], r["tokens"], r["wall_s"])
+             for r in results if r["prompt_id"] in baseline]
+    mean_speedup, total_speedup = speedups_over_baseline(pairs)
+    same = [r["same_tokens"] for r in results]
+    positions = counts.per_position_acceptance
+    conditional = counts.conditional_position_acceptance
+    return _clean({
+        "prompts": len(results),
+        "tokens": counts.emitted,
+        "steps": counts.steps,
+        "wall_s": counts.wall_s,
+        "acceptance_rate": counts.acceptance_rate,
+        "alpha": alpha,
+        "mean_accepted_tokens": counts.mean_emitted_per_step,  # tau
+        "accepted_length_histogram": counts.accepted_length_histogram(k),
+        "undrafted_steps": counts.steps - sum(counts.accepted_length_counts),  # n-gram misses: plain target steps
+        "per_position_acceptance": positions + [None] * (k - len(positions)),
+        "conditional_position_acceptance": conditional + [None] * (k - len(conditional)),
+        "tokens_per_s": counts.tokens_per_s,
+        "speedup_mean_of_prompts": mean_speedup,
+        "speedup_total_time": total_speedup,
+        "expected_tokens_per_step": e_k,  # E(K) from alpha
+        "predicted_speedup": predicted,  # E(K) / (K c + v)
+        "theoretical_speedup": costs.theoretical_speedup,  # tau / (K c + v), K as drafted
+        "target_ms_per_token": t_ar,
+        "cost_ratio": costs.c,
+        "verify_cost_ratio": costs.v,
+        "same_tokens_failures": None if all(s is None for s in same) else
+        [r["prompt_id"] for r in results if r["same_tokens"] is False],
+    })
+
+
+def baseline_metrics(results: list[dict]) -> dict:
+    counts = result_counts(results)
+    return _clean({"prompts": len(results), "tokens": counts.emitted, "steps": counts.steps, "wall_s": counts.wall_s,
+                   "tokens_per_s": counts.tokens_per_s,
+                   "target_ms_per_token": ratio(counts.phases_ms.get("verify"), counts.steps)})
+
+
+def summarize(doc: dict) -> dict:
+    """{"autoregressive": {...}, "<drafter>": {"overall": {...}, "by_category": {"<cat>": {...}}}}, drafters in
+    the order of --draft, categories in the order of the prompt set; only prompts with results count."""
+    k = doc["config"]["k"]
+    category = {p["id"]: p["category"] for p in doc["prompts"]}
+    order = list(dict.fromkeys(p["category"] for p in doc["prompts"]))
+    results = doc["results"]
+    baseline = {r["prompt_id"]: r for r in results if r["method"] == AUTOREGRESSIVE}
+
+    def by_category(rs: list[dict], metrics) -> dict:
+        return {c: metrics([r for r in rs if category.get(r["prompt_id"]) == c]) for c in order
+                if any(category.get(r["prompt_id"]) == c for r in rs)}
+
+    ar = list(baseline.values())
+    summary = {AUTOREGRESSIVE: {"overall": baseline_metrics(ar), "by_category": by_category(ar, baseline_metrics)}}
+    for spec in doc["config"]["drafters"]:
+        mine = [r for r in results if r["method"] == "speculative" and r["drafter"] == spec]
+        summary[spec] = {"overall": group_metrics(mine, baseline, k),
+                         "by_category": by_category(mine, lambda rs: group_metrics(rs, baseline, k))}
+    return summary

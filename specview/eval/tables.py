@@ -1,0 +1,142 @@
+"""The rich tables of an eval document: what `specview eval` prints and `specview report EVAL.json` shows
+again (one rendering for both), and two evals compared (`specview report A.json B.json`)."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from specview.eval.summary import AUTOREGRESSIVE
+from specview.events import fmt
+from specview.metrics import ratio
+from specview.profiling.render import config_diff
+
+SPEEDUP = "{:.2f}x"
+
+
+def render_eval(path: str, doc: dict) -> Group:
+    """`specview report EVAL.json`."""
+    return Group(Text(f"eval {path}", style="bold underline"), render(doc))
+
+
+def render(doc: dict) -> Group:
+    c, meta = doc.get("config") or {}, doc.get("meta") or {}
+    done = {r["prompt_id"] for r in doc.get("results") or []}
+    prompts = doc.get("prompts") or []
+    head = (f"target {c.get('target')} · N {c.get('max_new_tokens')} · K {c.get('k')} · temperature "
+            f"{c.get('temperature')}{' (greedy)' if c.get('temperature') == 0 else ''} · chat {c.get('chat')} · "
+            f"prompts {c.get('prompts')}: {len(done)} of {len(prompts)} done")
+    machine = f"{meta.get('cpu')} · {meta.get('device')} · {meta.get('threads')} threads" if meta else ""
+    parts = [Text(head, style="bold"), Text(machine, style="dim"), category_table(doc), positions_table(doc)]
+    parts += [Text(line, style="yellow") for line in token_mismatches(doc)]
+    if doc.get("interrupted") or not doc.get("complete", True):
+        parts.append(Text(f"incomplete: {len(done)} of {len(prompts)} prompts; `specview eval --resume FILE` "
+                          "continues", style="yellow"))
+    return Group(*parts)
+
+
+def _drafters(doc: dict) -> list[str]:
+    return [d for d in (doc.get("summary") or {}) if d != AUTOREGRESSIVE]
+
+
+def category_table(doc: dict) -> Table:
+    """One section per drafter, a row per category and one for every prompt ("all")."""
+    summary = doc.get("summary") or {}
+    ar = summary.get(AUTOREGRESSIVE) or {}
+    table = Table(title=f"per category (K={(doc.get('config') or {}).get('k')})", title_justify="left",
+                  caption="accept = accepted drafts / drafted; τ = tokens per target forward; AR = autoregressive; speedup over "
+                          "autoregressive: mean of per-prompt ratios (Spec-Bench) and total time / total time; "
+                          "predicted = E(K) / (K c + v), E(K) from alpha", caption_justify="left")
+    table.add_column("drafter", overflow="fold")
+    for col in ("category", "prompts", "accept", "alpha", "τ", "tok/s", "AR\ntok/s", "speedup\nmean", "speedup\ntotal",
+                "predicted", "same\ntokens"):
+        table.add_column(col, justify="left" if col == "category" else "right")
+    drafters = _drafters(doc)
+    for d in drafters:
+        s = summary[d]
+        rows = list((s.get("by_category") or {}).items()) + [("all", s.get("overall") or {})]
+        for i, (cat, m) in enumerate(rows):
+            base = (ar.get("overall") if cat == "all" else (ar.get("by_category") or {}).get(cat)) or {}
+            failures = m.get("same_tokens_failures")
+            same = "n/a" if failures is None else "yes" if not failures else f"no: {len(failures)}"
+            table.add_row(d if i == 0 else "", cat, str(m.get("prompts", "")), fmt(m.get("acceptance_rate"), "{:.0%}"),
+                          fmt(m.get("alpha"), "{:.2f}"), fmt(m.get("mean_accepted_tokens")),
+                          fmt(m.get("tokens_per_s"), "{:.1f}"), fmt(base.get("tokens_per_s"), "{:.1f}"),
+                          fmt(m.get("speedup_mean_of_prompts"), SPEEDUP), fmt(m.get("speedup_total_time"), SPEEDUP),
+                          fmt(m.get("predicted_speedup"), SPEEDUP), same,
+                          style="bold" if cat == "all" else None, end_section=cat == "all" and d != drafters[-1])
+    return table
+
+
+def positions_table(doc: dict) -> Table:
+    summary = doc.get("summary") or {}
+    table = Table(title="per drafter, every prompt: costs and draft positions", title_justify="left",
+                  caption="c = draft time per drafted token / t_ar, v = verify time / t_ar; accepted at i = share of "
+                          "the steps drafting position i that accepted it; given i-1 = the same among steps that "
+                          "accepted 1..i-1, P(accept i | accepted i-1); accepted lengths = share of drafting steps "
+                          "that accepted 0..K drafts", caption_justify="left")
+    for col in ("drafter", "c", "v", "accepted at position 1..K", "given i-1 accepted", "accepted lengths 0..K"):
+        table.add_column(col, justify="right" if col in ("c", "v") else "left")
+    for d in _drafters(doc):
+        m = summary[d].get("overall") or {}
+        hist = m.get("accepted_length_histogram") or []
+        total = sum(hist)
+        table.add_row(d, fmt(m.get("cost_ratio"), "{:.3f}"), fmt(m.get("verify_cost_ratio")),
+                      _row(m.get("per_position_acceptance")), _row(m.get("conditional_position_acceptance")),
+                      _row([ratio(n, total) for n in hist]))
+    return table
+
+
+def _row(values) -> str:
+    return " ".join(fmt(v, "{:.0%}", "-") for v in values or [])
+
+
+def token_mismatches(doc: dict) -> list[str]:
+    """Greedy runs: name each prompt where a drafter emitted other tokens than the target alone."""
+    lines = []
+    for d in _drafters(doc):
+        bad = [r for r in doc.get("results") or [] if r.get("drafter") == d and r.get("same_tokens") is False]
+        if bad:
+            where = ", ".join(f"{r['prompt_id']} (from token {r.get('first_difference')})" for r in bad[:10])
+            more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
+            lines.append(f"{d} did not emit the autoregressive tokens on {len(bad)} prompts: {where}{more}")
+    return lines
+
+
+def compare_evals(a: tuple[str, dict], b: tuple[str, dict]) -> Group:
+    """Two evals side by side (two draft models, two machines, two K): per category τ and speedup of
+    every drafter of each file, then the overall figures."""
+    (pa, da), (pb, db) = a, b
+    columns = [("A", d, da) for d in _drafters(da)] + [("B", d, db) for d in _drafters(db)]
+    table = Table(title="by category: τ / speedup (mean of prompts)", title_justify="left")
+    table.add_column("category")
+    for side, d, _ in columns:
+        table.add_column(f"{side}: {d}", justify="right")
+    categories: list[str] = []
+    for _, d, doc in columns:
+        categories += [c for c in doc["summary"][d].get("by_category") or {} if c not in categories]
+    for cat in categories + ["all"]:
+        cells = [cat]
+        for _, d, doc in columns:
+            s = doc["summary"][d]
+            m = (s.get("overall") if cat == "all" else (s.get("by_category") or {}).get(cat)) or {}
+            cells.append(f"{fmt(m.get('mean_accepted_tokens'))} / {fmt(m.get('speedup_mean_of_prompts'), SPEEDUP)}"
+                         if m else "")
+        table.add_row(*cells, style="bold" if cat == "all" else None)
+    overall = Table(title="every prompt", title_justify="left")
+    overall.add_column("")
+    for side, d, _ in columns:
+        overall.add_column(f"{side}: {d}", justify="right")
+    for label, key, spec in (("acceptance rate", "acceptance_rate", "{:.1%}"), ("alpha", "alpha", "{:.3f}"),
+                             ("τ", "mean_accepted_tokens", "{:.2f}"), ("tokens/s", "tokens_per_s", "{:.1f}"),
+                             ("speedup, mean of prompts", "speedup_mean_of_prompts", SPEEDUP),
+                             ("speedup, total time", "speedup_total_time", SPEEDUP),
+                             ("predicted E(K)/(Kc+v)", "predicted_speedup", SPEEDUP),
+                             ("cost ratio c", "cost_ratio", "{:.3f}"), ("verify ratio v", "verify_cost_ratio", "{:.2f}")):
+        overall.add_row(label, *[fmt((doc["summary"][d].get("overall") or {}).get(key), spec)
+                                 for _, d, doc in columns])
+    diffs = config_diff({"config": da.get("config") or {}}, {"config": db.get("config") or {}})
+    return Group(Text(f"A: {pa}\nB: {pb}", style="bold underline"),
+                 Text("config: " + ("; ".join(diffs) if diffs else "same settings"), style="dim"),
+                 Text(""), table, Text(""), overall)

@@ -1,0 +1,270 @@
+"""The memory-bandwidth roofline of a decoding forward (docs/design.md "Roofline and diagnosis").
+
+A forward at batch size 1 multiplies a few rows by every weight matrix, so it cannot take less time than
+reading those weights (and the KV cache) once from memory: floor_ms = bytes / bandwidth. How far a forward
+sits above its floor is the time spent elsewhere (small operators between the matmuls, Python, launches).
+
+    bandwidth = measure_bandwidth(device)          # GB/s, probed once per machine + device + threads, cached
+    fig = model_bytes(model)                       # {"weights": .., "kv_per_token": ..}, once per model
+    info = session_roofline(session)               # what profiles and the TUI carry (meta.roofline)
+    summary = roofline_summary(step_records, info) # summary.roofline: per model bytes, floor_ms, ms, share
+
+Nothing is recorded per step: the steps already carry their forwards (`drafted`), their position and
+their phase times, so the summary costs one multiply-add per forward, after the run. torch is imported
+only by the functions that measure or count (so report and the TUI can use the arithmetic without it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+
+from specview.files import write_json_atomic
+
+PROBE_BYTES = 256 * 2**20  # the streamed tensor: far past any CPU cache, ~10 ms to read
+PROBE_REPEATS = 5  # best of: a shared machine's noise only ever adds time
+CACHE_FILE = "bandwidth.json"
+
+
+# --- bandwidth ---------------------------------------------------------------------------------------
+
+
+def cache_path() -> str:
+    from specview.weights_cache import cache_dir  # the one home of the cache folder ($SPECVIEW_CACHE_DIR...)
+
+    return str(cache_dir() / CACHE_FILE)
+
+
+def machine_key(device) -> str:
+    """Machine + device + threads: the bandwidth one thread reaches is not what two reach."""
+    import torch
+
+    device = torch.device(device)
+    name = platform.node() + "/" + _cpu_name()
+    if device.type == "cuda":
+        name += "/" + torch.cuda.get_device_name(device)
+    return f"{name}/{device}/threads={torch.get_num_threads()}"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure_bandwidth(device, refresh: bool = False) -> dict:
+    """{"gbs": .., "method": .., "probe_s": .., "measured_at": ..}: the device's read bandwidth, from the
+    cache when this machine, device and thread count were probed before."""
+    key = machine_key(device)
+    path = cache_path()
+    cached = _read_cache(path)
+    if not refresh and isinstance(cached.get(key), dict) and isinstance(cached[key].get("gbs"), (int, float)):
+        return cached[key]
+    figure = probe_bandwidth(device)
+    cached[key] = figure
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_json_atomic(path, cached, indent=1)
+    except OSError:
+        pass  # best effort: the figure is still right, the next start probes again
+    return figure
+
+
+def _read_cache(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}  # missing or damaged: probe again
+
+
+def probe_bandwidth(device, nbytes: int = PROBE_BYTES, repeats: int = PROBE_REPEATS) -> dict:
+    """Stream `nbytes` through the device: CPU, a sum over a float32 tensor (reads only, like a forward's
+    weights); CUDA and MPS, a device copy (read + write counted). Best of `repeats`, after a warm-up."""
+    import torch
+
+    device = torch.device(device)
+    t_start = time.perf_counter()
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    if device.type == "cpu":
+        def once():
+            x.sum()
+        moved, method = x.numel() * 4, f"sum of a {nbytes >> 20} MiB float32 tensor"
+    else:
+        y = torch.empty_like(x)
+        sync = torch.cuda.synchronize if device.type == "cuda" else torch.mps.synchronize
+
+        def once():
+            y.copy_(x)
+            sync()
+        moved, method = 2 * x.numel() * 4, f"copy of a {nbytes >> 20} MiB float32 tensor (read + write)"
+    once()  # warm-up: page faults, kernel selection
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        once()
+        best = min(best, time.perf_counter() - t0)
+    return {"gbs": moved / best / 1e9, "method": f"{method}, best of {repeats}, {_threads(torch.get_num_threads())}",
+            "probe_s": time.perf_counter() - t_start, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+# --- bytes a forward reads -----------------------------------------------------------------------------
+
+
+def model_bytes(model) -> dict:
+    """{"weights": bytes of weights one forward reads, "kv_per_token": KV cache bytes per cached token}.
+
+    Every parameter once (a tied lm_head and embedding share one tensor: counted once, as the head, which
+    reads all of it); an embedding that is not the head is a lookup and reads one row per token; int4
+    layers count their packed codes, scales and zeros (buffers); a layer-skipping view holds only its kept
+    layers, so only those count. A drafter without a model (n-gram) reads nothing: no call here."""
+    from torch import nn
+
+    head = model.get_output_embeddings()
+    head_weight = getattr(head, "weight", None)
+    seen: set[int] = set()
+    total = 0
+
+    def add(tensor, rows: int | None = None) -> None:
+        nonlocal total
+        if tensor is None or id(tensor) in seen:
+            return
+        seen.add(id(tensor))
+        n = tensor.numel() if rows is None else rows * tensor.shape[-1]
+        total += n * tensor.element_size()
+
+    for module in model.modules():
+        if isinstance(module, nn.Embedding) and module.weight is not head_weight:
+            add(module.weight, rows=1)
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            add(p)
+        if _is_int4(module):
+            for b in module.buffers(recurse=False):
+                add(b)
+    return {"weights": int(total), "kv_per_token": kv_bytes_per_token(model)}
+
+
+def _is_int4(module) -> bool:
+    return type(module).__name__ == "Int4Linear"  # drafters/int4.py; by name: no import of the kernel code
+
+
+def kv_bytes_per_token(model) -> int:
+    """Keys and values of one token in every layer that runs: 2 x layers x kv heads x head dim x dtype."""
+    cfg = model.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers") or 0
+    heads = _first(cfg, "num_attention_heads", "n_head") or 1
+    kv_heads = _first(cfg, "num_key_value_heads", "n_kv_heads") or heads
+    hidden = _first(cfg, "hidden_size", "n_embd", "d_model") or 0
+    head_dim = _first(cfg, "head_dim") or hidden // heads
+    dtype = _activation_dtype(model)
+    return int(2 * layers * kv_heads * head_dim * dtype.itemsize)
+
+
+def _activation_dtype(model):
+    import torch
+
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+def _first(cfg, *names):
+    for name in names:
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def session_roofline(session, bandwidth: dict | None = None, drafters: bool = True) -> dict:
+    """What a profile's meta (and the TUI's loaded info) carries: the bandwidth and each model's bytes.
+    `drafters` maps each drafter's spec to its model's bytes (n-gram: 0 weights, no forwards)."""
+    bw = bandwidth or measure_bandwidth(session.device)
+    per_drafter = {}
+    for d in session.drafters if drafters else ():
+        lm = getattr(d, "lm", None)
+        per_drafter[d.spec] = model_bytes(lm.model) if lm is not None else {"weights": 0, "kv_per_token": 0}
+    return {"bandwidth_gbs": bw["gbs"], "probe": bw["method"], "target": model_bytes(session.target.model),
+            "drafters": per_drafter, "prompt_len": len(session.prompt_ids)}
+
+
+# --- per-forward figures (no torch) --------------------------------------------------------------------
+
+
+def floor_ms(nbytes: float, bandwidth_gbs: float) -> float:
+    """The time reading `nbytes` takes at `bandwidth_gbs` GB/s."""
+    return nbytes / (bandwidth_gbs * 1e9) * 1000
+
+
+class ForwardTally:
+    """Forwards of one model: how many, the KV tokens they read (summed), their measured time (summed)."""
+
+    def __init__(self, weights: int, kv_per_token: int):
+        self.weights, self.kv_per_token = weights, kv_per_token
+        self.forwards = 0
+        self.kv_tokens = 0
+        self.ms = 0.0
+
+    def add(self, forwards: int, first_position: int, ms: float) -> None:
+        """`forwards` one after the other from a cache of `first_position` tokens, each one token longer."""
+        self.forwards += forwards
+        self.kv_tokens += forwards * first_position + forwards * (forwards - 1) // 2
+        self.ms += ms
+
+    def figures(self, bandwidth_gbs: float | None) -> dict:
+        """Per forward, averaged: bytes, floor_ms, ms, share = floor / ms, above_ms = ms - floor."""
+        n = self.forwards
+        kv = self.kv_tokens * self.kv_per_token / n if n else 0.0
+        nbytes = self.weights + kv
+        floor = floor_ms(nbytes, bandwidth_gbs) if bandwidth_gbs and n else None
+        ms = self.ms / n if n else None
+        return {"bytes": nbytes, "weight_bytes": self.weights, "kv_bytes": kv, "floor_ms": floor, "ms": ms,
+                "share": floor / ms if floor is not None and ms else None,
+                "above_ms": ms - floor if floor is not None and ms is not None else None, "forwards": n}
+
+
+def roofline_summary(steps: list[dict], info: dict | None) -> dict | None:
+    """summary.roofline of a profile from its step records and meta.roofline (None without it).
+    `target` is the target's forward (the verify of a speculative step, the one-token forward of an
+    autoregressive one); `draft` the first drafter's forwards, `drafters` each drafter's when several."""
+    if not info or not info.get("target"):
+        return None
+    bw = info.get("bandwidth_gbs")
+    target = ForwardTally(**_bytes(info["target"]))
+    drafters = {spec: ForwardTally(**_bytes(b)) for spec, b in (info.get("drafters") or {}).items()}
+    first = next(iter(drafters), None)
+    tokens: dict = {}  # run -> tokens so far, for records without `position` (older profiles)
+    for s in steps:
+        run_tokens = tokens.get(s.get("run"), info.get("prompt_len") or 0)
+        position = s.get("position") or run_tokens
+        tokens[s.get("run")] = position + len(s.get("emitted") or [])
+        phases = s.get("phases_ms") or {}
+        target.add(1, position, phases.get("verify") or 0.0)
+        drafted = len(s.get("drafted") or [])
+        tally = drafters.get(s.get("drafter") or first)
+        if drafted and tally is not None and tally.weights:
+            tally.add(drafted, position, phases.get("draft") or 0.0)
+    out = {"bandwidth_gbs": bw, "probe": info.get("probe"), "target": target.figures(bw),
+           "draft": drafters[first].figures(bw) if first is not None else None}
+    if len(drafters) > 1:
+        out["drafters"] = {spec: t.figures(bw) for spec, t in drafters.items()}
+    return out
+
+
+def _bytes(b: dict) -> dict:
+    return {"weights": int(b.get("weights") or 0), "kv_per_token": int(b.get("kv_per_token") or 0)}
+
+
+def _threads(n: int) -> str:
+    return f"{n} thread" + ("" if n == 1 else "s")
