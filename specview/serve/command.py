@@ -46,6 +46,8 @@ class Served:
         self.hub = EventHub()
         self.worker = EngineWorker(session, self.metrics, self.hub, queue_size=queue_size,
                                    cap=cap, profile_dir=profile_dir, stop=stop)
+        if t_ar_ms is not None:  # timed once at start: the profile's c and v use it, no request waits for it
+            self.worker.recorder.meta["t_ar_ms"] = t_ar_ms
         info = {"target": session.target.spec, "drafters": [d.spec for d in session.drafters],
                 "device": str(session.device), "t_ar_ms": t_ar_ms, "load_s": session.load_s,
                 "max_new_tokens_cap": cap,
@@ -112,7 +114,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve_command(args) -> int:
-    from specview.tui.backend import time_target_token
+    from specview.session import time_target_token
 
     settings = Settings.from_args(args)
     profile_dir = args.profile_dir or settings.profile_dir
