@@ -13,7 +13,7 @@ Exit 0 when both pass, 1 when either fails; the last line says so as key=value p
 
 from __future__ import annotations
 
-import json
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +21,7 @@ from rich.console import Console
 
 from specview.check_report import passed, print_distribution, print_greedy, summary_line
 from specview.engine import Decoder
-from specview.errors import SpecviewError
+from specview.eval.prompts import load_prompts as load_prompt_file
 from specview.kvcache import crop_cache, new_cache
 from specview.sampling import probs_from_logits
 from specview.session import Session, check_context, encode_prompt, open_session
@@ -62,21 +62,11 @@ class DrafterResult:
 
 
 def load_prompts(spec: str, first: str) -> list[str]:
+    """builtin: --prompt and three more; else a prompt file as eval reads it (eval/prompts.py, the one
+    reader: text, JSONL of {"prompt"} or a Spec-Bench question.jsonl)."""
     if spec == "builtin":
         return [first, *BUILTIN_PROMPTS]
-    try:
-        with open(spec, encoding="utf-8") as f:
-            lines = [line.rstrip("\n") for line in f if line.strip()]
-    except OSError as err:
-        raise SpecviewError(f"--prompts: cannot read {spec}: {err.strerror}") from err
-    if spec.endswith(".jsonl"):
-        try:
-            lines = [json.loads(line)["prompt"] for line in lines]
-        except (ValueError, KeyError, TypeError):
-            raise SpecviewError(f"--prompts: {spec} is not JSONL with a \"prompt\" field on every line") from None
-    if not lines:
-        raise SpecviewError(f"--prompts: {spec} holds no prompt")
-    return lines
+    return [p.text for p in load_prompt_file(spec)]
 
 
 def greedy_generate(decoder: Decoder, ids: list[int], n: int, stop: Stop) -> list[int]:
@@ -198,12 +188,12 @@ def check_command(args) -> int:
     if not console.is_terminal:
         console.width = max(console.width, 120)  # a pipe or file gets whole lines, not 80 columns
     say = Console(stderr=True, highlight=False)
+    texts = load_prompts(args.prompts, settings.prompt)  # a bad file fails before the models load
     stop = Stop()
     with stop.on_signals():
-        with say.status("loading models…") if say.is_terminal else _Quiet() as status:
+        with say.status("loading models…") if say.is_terminal else nullcontext() as status:
             with stop.immediately():
                 session = open_session(settings, (lambda m: status.update(m + "…")) if status else None)
-        texts = load_prompts(args.prompts, settings.prompt)
         tok = session.target.tokenizer
         prompts = [encode_prompt(tok, text, settings.chat) for text in texts]
         for ids in prompts:
@@ -217,12 +207,12 @@ def check_command(args) -> int:
         for drafter in session.drafters:
             result = DrafterResult(drafter.spec)
             results.append(result)
-            with say.status(f"{drafter.spec}: greedy") if say.is_terminal else _Quiet():
+            with say.status(f"{drafter.spec}: greedy") if say.is_terminal else nullcontext():
                 check_greedy(session, drafter, prompts, s.max_new_tokens, result, stop)
             print_greedy(console, result, texts, tok)
             prefix = prompts[0]
             if not s.greedy and not stop:
-                with say.status(f"{drafter.spec}: {args.samples} samples") if say.is_terminal else _Quiet():
+                with say.status(f"{drafter.spec}: {args.samples} samples") if say.is_terminal else nullcontext():
                     prefix = check_distribution(session, drafter, prompts[0], args.samples, result, stop)
             print_distribution(console, result, prefix, tok, args.threshold, s.greedy)
     console.print(summary_line(results, args.threshold, s.greedy), soft_wrap=True)
@@ -230,12 +220,3 @@ def check_command(args) -> int:
         return 130
     return 0 if passed(results, args.threshold) else 1
 
-
-class _Quiet:
-    """A status that says nothing (stderr is not a terminal: a piped log keeps to its lines)."""
-
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

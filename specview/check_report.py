@@ -11,9 +11,12 @@ def _piece(tok, token_id: int) -> str:
     return repr(tok.decode([token_id])) if token_id >= 0 else "(the end)"
 
 
-def _short(text: str, width: int = 40) -> str:
+def _short(text: str, width: int = 40, end: bool = False) -> str:
+    """`text` on one line, cut to `width` (keeping its end with `end`: where a prefix leads)."""
     text = text.replace("\n", "\\n")
-    return text if len(text) <= width else text[: width - 1] + "…"
+    if len(text) <= width:
+        return text
+    return "…" + text[-(width - 1):] if end else text[: width - 1] + "…"
 
 
 def print_greedy(console: Console, result, texts: list[str], tok) -> None:
@@ -35,7 +38,7 @@ def print_distribution(console: Console, result, prefix: list[int], tok, thresho
     if greedy:
         console.print("  distribution: not tested at temperature 0 (greedy is the whole law); give --temperature > 0")
         return
-    where = _short(tok.decode(prefix), 60)
+    where = _short(tok.decode(prefix), 60, end=True)
     if result.p_value is None:
         console.print(f"  distribution at {where!r}: inconclusive: {result.note}")
         return

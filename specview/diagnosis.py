@@ -65,7 +65,7 @@ def diagnose(f: Figures) -> list[str]:
     out = []
     if f.speculative:
         out += [s for s in (break_even(f), best_k_sentence(f)) if s]
-    out += [s for s in (floor_sentence("target", f.target, f.bandwidth_gbs, f.speculative),
+    out += [s for s in (floor_sentence("target", f.target, f.bandwidth_gbs, f.speculative, f.t_ar_ms),
                         floor_sentence("draft", f.draft, f.bandwidth_gbs, True)) if s]
     if f.speculative:
         change = best_change(f)
@@ -78,7 +78,8 @@ def break_even(f: Figures) -> str | None:
     c_star = break_even_cost(f.e, f.v, f.k_drafted)
     if c_star is None or f.c is None:
         return None
-    how = f"c* = (E - v) / K with E {f.e:.2f} tokens per step, v {f.v:.2f}, K {f.k_drafted:g}"
+    k = f"{f.k_drafted:.0f}" if f.k_drafted == int(f.k_drafted) else f"{f.k_drafted:.2f} (drafts made per step)"
+    how = f"c* = (E - v) / K with E {f.e:.2f} tokens per step, v {f.v:.2f}, K {k}"
     if c_star <= 0:
         return (f"Even a free draft could not gain at this acceptance: a step emits {f.e:.2f} tokens while its "
                 f"verify costs {f.v:.2f} target tokens ({how}).")
@@ -107,7 +108,8 @@ def best_k_sentence(f: Figures) -> str | None:
     return f"The best K by prediction is {k}: {speed:.2f}x, against {now:.2f}x at K={f.k} ({basis})."
 
 
-def floor_sentence(role: str, fig: dict | None, bandwidth_gbs: float | None, speculative: bool) -> str | None:
+def floor_sentence(role: str, fig: dict | None, bandwidth_gbs: float | None, speculative: bool,
+                   t_ar_ms: float | None = None) -> str | None:
     if not fig or not bandwidth_gbs:
         return None
     if role == "draft" and not fig.get("bytes"):
@@ -119,7 +121,10 @@ def floor_sentence(role: str, fig: dict | None, bandwidth_gbs: float | None, spe
     return (f"{which} takes {fig['ms']:.1f} ms; reading its {fig['bytes'] / 1e6:.0f} MB of weights and KV cache at "
             f"{bandwidth_gbs:.1f} GB/s takes {fig['floor_ms']:.1f} ms, so it runs at {fig['share']:.0%} of the "
             f"memory bandwidth and {fig['above_ms']:.1f} ms of each forward is above the floor (time not spent "
-            f"reading memory: the small operators between the matmuls, dispatch, Python).")
+            f"reading memory: the small operators between the matmuls, dispatch, Python)."
+            + (f" A one-token target forward (t_ar) takes {t_ar_ms:.1f} ms against about the same floor "
+               f"({fig['floor_ms'] / t_ar_ms:.0%} of the bandwidth)." if role == "target" and speculative and t_ar_ms
+               else ""))
 
 
 def candidates(f: Figures) -> list[tuple[float, str]]:

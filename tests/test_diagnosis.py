@@ -91,6 +91,7 @@ def test_each_forward_against_its_floor(doc):
     target = next(s for s in sentences if s.startswith("The target's verify forward"))
     assert "takes 26.0 ms" in target and "200 MB" in target and "10.0 GB/s takes 20.0 ms" in target
     assert "77% of the memory bandwidth" in target and "6.0 ms of each forward is above the floor" in target
+    assert "A one-token target forward (t_ar) takes 20.0 ms against about the same floor (100% of" in target
     draft = next(s for s in sentences if s.startswith("The draft's"))
     assert "takes 8.0 ms" in draft and "takes 4.0 ms" in draft and "50% of the memory bandwidth" in draft
 

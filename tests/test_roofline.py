@@ -87,8 +87,13 @@ def test_the_probe_is_cached_per_machine_device_and_threads(tmp_path, monkeypatc
     stored = json.loads((tmp_path / "bandwidth.json").read_text())
     [key] = stored
     assert "cpu" in key and f"threads={torch.get_num_threads()}" in key and stored[key]["method"] == "fake"
-    (tmp_path / "bandwidth.json").write_text("{not json")  # damaged: probed again, rewritten
+    stored[key].update(load_avg=1e6)  # probed on a busy machine: probed again once it is quiet, the best kept
+    (tmp_path / "bandwidth.json").write_text(json.dumps(stored))
+    monkeypatch.setattr(roofline, "_load", lambda: 0.0)
     assert roofline.measure_bandwidth("cpu")["gbs"] == 12.5 and len(calls) == 2
+    assert roofline.measure_bandwidth("cpu")["gbs"] == 12.5 and len(calls) == 2  # quiet now: cached
+    (tmp_path / "bandwidth.json").write_text("{not json")  # damaged: probed again, rewritten
+    assert roofline.measure_bandwidth("cpu")["gbs"] == 12.5 and len(calls) == 3
     json.loads((tmp_path / "bandwidth.json").read_text())
 
 

@@ -3,6 +3,7 @@ for faults. Each test asserts what a person would read on the screen."""
 
 import json
 import os
+import threading
 
 import pytest
 from textual.worker import WorkerCancelled
@@ -249,15 +250,22 @@ async def test_scripted_failure_names_the_step():
         assert "failed" in status(app)
 
 
-async def test_quit_during_a_slow_step_waits_for_it_and_exits():
-    app = replay_app(delay_s=0.5)
+async def test_quit_during_a_step_in_flight_waits_for_it_and_exits():
+    gate = threading.Event()  # holds the step in flight until the test lets it finish: no race with load
+    app = replay_app(gate=gate)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(app, pilot)
         await pilot.press("space")
-        await pilot.pause(0.1)
+        for _ in range(3000):  # until the worker is inside the step (bounded, not timed)
+            if app.backend.in_step.is_set():
+                break
+            await pilot.pause(0.01)
+        assert app.backend.in_step.is_set()
         assert app.stepping and "step 0" in status(app)  # the screen answers while the step runs
         await pilot.press("left", "plus")  # keys work mid-step
         await pilot.press("q")
+        assert app.backend.position == 0  # still in flight: q waits for it
+        gate.set()
         await settle(app, pilot)
     assert app.return_code == 0
     assert app.backend.position == 1  # the step in flight finished, no other started

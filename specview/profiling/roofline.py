@@ -24,7 +24,7 @@ import time
 from specview.files import write_json_atomic
 
 PROBE_BYTES = 256 * 2**20  # the streamed tensor: far past any CPU cache, ~10 ms to read
-PROBE_REPEATS = 5  # best of: a shared machine's noise only ever adds time
+PROBE_REPEATS = 20  # best of: a shared machine's noise only ever adds time (~0.2 s in all)
 CACHE_FILE = "bandwidth.json"
 
 
@@ -65,9 +65,15 @@ def measure_bandwidth(device, refresh: bool = False) -> dict:
     key = machine_key(device)
     path = cache_path()
     cached = _read_cache(path)
-    if not refresh and isinstance(cached.get(key), dict) and isinstance(cached[key].get("gbs"), (int, float)):
-        return cached[key]
+    old = cached.get(key) if isinstance(cached.get(key), dict) else {}
+    valid = isinstance(old.get("gbs"), (int, float))
+    # Other work on the machine takes bandwidth too: a figure probed on a busy machine is probed again once
+    # it is quiet, and the higher one kept (the device's own figure, not that afternoon's share of it).
+    if valid and not refresh and not (_busy(old.get("load_avg")) and not _busy(_load())):
+        return old
     figure = probe_bandwidth(device)
+    if valid and not refresh and old["gbs"] > figure["gbs"]:
+        figure = old
     cached[key] = figure
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -75,6 +81,18 @@ def measure_bandwidth(device, refresh: bool = False) -> dict:
     except OSError:
         pass  # best effort: the figure is still right, the next start probes again
     return figure
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def _busy(load: float | None) -> bool:
+    """Another process keeps the cores busy (the 1-minute load average reaches the core count)."""
+    return load is not None and load >= (os.cpu_count() or 1)
 
 
 def _read_cache(path: str) -> dict:
@@ -113,7 +131,8 @@ def probe_bandwidth(device, nbytes: int = PROBE_BYTES, repeats: int = PROBE_REPE
         once()
         best = min(best, time.perf_counter() - t0)
     return {"gbs": moved / best / 1e9, "method": f"{method}, best of {repeats}, {_threads(torch.get_num_threads())}",
-            "probe_s": time.perf_counter() - t_start, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "probe_s": time.perf_counter() - t_start, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "load_avg": _load()}
 
 
 # --- bytes a forward reads -----------------------------------------------------------------------------

@@ -71,6 +71,7 @@ class AttachBackend(Backend):
             temperature=self.temperature, max_new_tokens=self.settings.max_new_tokens,
             prompt_text="(following the server)" if self.follow else self.settings.prompt,
             t_ar_ms=health.get("t_ar_ms"), load_s=health.get("load_s") or 0.0, drafters=self.drafters,
+            roofline=health.get("roofline"),
         )
         if self.follow:
             self._reader(self._follow, self.inbox)

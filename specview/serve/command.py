@@ -50,6 +50,7 @@ class Served:
             self.worker.recorder.meta["t_ar_ms"] = t_ar_ms
         info = {"target": session.target.spec, "drafters": [d.spec for d in session.drafters],
                 "device": str(session.device), "t_ar_ms": t_ar_ms, "load_s": session.load_s,
+                "roofline": self.worker.recorder.meta.get("roofline"),  # bandwidth, bytes per forward: the TUI's floors
                 "max_new_tokens_cap": cap,
                 "defaults": {"max_new_tokens": min(s.max_new_tokens, cap), "k": s.k, "temperature": s.temperature,
                              "top_k": s.top_k, "top_p": s.top_p, "ignore_eos": s.ignore_eos}}

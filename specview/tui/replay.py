@@ -6,7 +6,7 @@ such a recording from any backend.
 
 from __future__ import annotations
 
-import time
+import threading
 from dataclasses import asdict, fields
 
 from specview.events import StepResult
@@ -18,7 +18,7 @@ _STEP_FIELDS = {f.name for f in fields(StepResult)}
 
 
 class ReplayBackend(Backend):
-    def __init__(self, recording: dict, delay_s: float = 0.0, fail_at: int | None = None):
+    def __init__(self, recording: dict, gate: threading.Event | None = None, fail_at: int | None = None):
         self.info = SessionInfo(**recording["info"])
         super().__init__(self.info.target, self.info.draft, recording["k"], self.info.temperature)
         self.views = [
@@ -26,7 +26,10 @@ class ReplayBackend(Backend):
                      {int(i): t for i, t in s["texts"].items()}, s["prefill_ms"])
             for s in recording["steps"]
         ]
-        self.delay_s = delay_s  # pretend each step takes this long
+        # A step waits for `gate` (when given): a test holds a step in flight for exactly as long as it needs,
+        # where a sleep would race the machine's load. `in_step` says a step has started.
+        self.gate = gate
+        self.in_step = threading.Event()
         self.fail_at = fail_at  # raise inside this step (tests the error panel)
         self.position = 0
         self.run_index = -1
@@ -51,8 +54,9 @@ class ReplayBackend(Backend):
 
     def step(self) -> StepView:
         with self.lock:
-            if self.delay_s:
-                time.sleep(self.delay_s)
+            self.in_step.set()
+            if self.gate is not None:
+                self.gate.wait()
             if self.fail_at is not None and self.position == self.fail_at:
                 raise RuntimeError("scripted failure")
             view = self.views[self.position]
