@@ -5,7 +5,7 @@ STAMP   := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test bench fidelity lint check clean
+.PHONY: install run test bench bench-copy eval fidelity lint check clean
 
 install: $(STAMP)
 
@@ -27,6 +27,15 @@ test: install
 
 bench: install
 	.venv/bin/specview bench --peer hf --temperature 0 -N 48 --draft smollm2-135m@int4,ngram,smollm2-135m@bfloat16 $(ARGS)
+
+# Prompt lookup where it shines: a chat prompt asking to copy a passage (K 8: a proposal costs nothing).
+bench-copy: install
+	.venv/bin/specview bench --peer hf --temperature 0 -N 96 -K 8 --chat --draft ngram \
+		--prompt "$$(cat docs/prompts/copy-passage.txt)" $(ARGS)
+
+# The builtin prompt set (six categories) through autoregressive decoding, the int4 draft and ngram.
+eval: install
+	.venv/bin/specview eval --json profiles/eval.json $(ARGS)
 
 # The TUI's timings against a headless run of the same settings (issue: measure without disturbing).
 fidelity: install

@@ -13,7 +13,6 @@ Exit 0 when both pass, 1 when either fails; the last line says so as key=value p
 
 from __future__ import annotations
 
-import json
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -22,7 +21,7 @@ from rich.console import Console
 
 from specview.check_report import passed, print_distribution, print_greedy, summary_line
 from specview.engine import Decoder
-from specview.errors import SpecviewError
+from specview.eval.prompts import load_prompts as load_prompt_file
 from specview.kvcache import crop_cache, new_cache
 from specview.sampling import probs_from_logits
 from specview.session import Session, check_context, encode_prompt, open_session
@@ -63,21 +62,11 @@ class DrafterResult:
 
 
 def load_prompts(spec: str, first: str) -> list[str]:
+    """builtin: --prompt and three more; else a prompt file as eval reads it (eval/prompts.py, the one
+    reader: text, JSONL of {"prompt"} or a Spec-Bench question.jsonl)."""
     if spec == "builtin":
         return [first, *BUILTIN_PROMPTS]
-    try:
-        with open(spec, encoding="utf-8") as f:
-            lines = [line.rstrip("\n") for line in f if line.strip()]
-    except OSError as err:
-        raise SpecviewError(f"--prompts: cannot read {spec}: {err.strerror}") from err
-    if spec.endswith(".jsonl"):
-        try:
-            lines = [json.loads(line)["prompt"] for line in lines]
-        except (ValueError, KeyError, TypeError):
-            raise SpecviewError(f"--prompts: {spec} is not JSONL with a \"prompt\" field on every line") from None
-    if not lines:
-        raise SpecviewError(f"--prompts: {spec} holds no prompt")
-    return lines
+    return [p.text for p in load_prompt_file(spec)]
 
 
 def greedy_generate(decoder: Decoder, ids: list[int], n: int, stop: Stop) -> list[int]:

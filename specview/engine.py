@@ -25,7 +25,7 @@ from specview.drafters.model import ModelDrafter
 from specview.events import RunSummary, StepResult
 from specview.kvcache import crop_cache, new_cache
 from specview.memory import memory_mb
-from specview.models import LoadedModel, vocab_limit
+from specview.models import LoadedModel, placed_devices, vocab_limit
 from specview.sampling import probs_from_logits, sample
 from specview.settings import SamplingConfig
 from specview.timing import PhaseTimer
@@ -49,6 +49,7 @@ class Decoder:
     ):
         self.target, self.sampling, self.k = target, sampling, k
         self.device = target.device
+        self.placed = placed_devices(target.model)  # --device-map: every device the target's layers sit on
         fastlinear.install(target.model)  # packed-weight matmuls, switched on only inside forward()
         self.drafter = ModelDrafter(draft) if isinstance(draft, LoadedModel) else draft
         # One generator seeded once: runs follow each other on it, so R runs are R independent samples.
@@ -205,7 +206,7 @@ class Run:
                 drafter.rollback(self._state(drafter), keep)
         result.phases_ms, result.wall_ms = timer.end_step()
         result.timing = timer.last
-        result.memory_mb = memory_mb(dec.device)
+        result.memory_mb = memory_mb(dec.device, dec.placed)
         self.summary.add(result)
         return result
 

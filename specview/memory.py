@@ -9,7 +9,9 @@ _PROCESS = psutil.Process()
 MB = 1024 * 1024
 
 
-def memory_mb(device: torch.device) -> dict[str, float | None]:
+def memory_mb(device: torch.device, placed: list[str] | tuple = ()) -> dict:
+    """RSS and the device's figures; with a model over several devices (`placed`, models.placed_devices),
+    also `devices`: {"cuda:0": allocated MiB, "cpu": null, "disk": null, ...} (null: counted in RSS, or on disk)."""
     out: dict[str, float | None] = {
         "rss": _PROCESS.memory_info().rss / MB,
         "device_allocated": None,
@@ -23,4 +25,7 @@ def memory_mb(device: torch.device) -> dict[str, float | None]:
     elif device.type == "mps":
         out["device_allocated"] = torch.mps.current_allocated_memory() / MB
         out["device_reserved"] = torch.mps.driver_allocated_memory() / MB
+    if len(placed) > 1:
+        out["devices"] = {name: torch.cuda.memory_allocated(name) / MB if name.startswith("cuda") else None
+                          for name in placed}
     return out

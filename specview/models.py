@@ -348,13 +348,23 @@ def parse_max_memory(text: str) -> dict:
     return out
 
 
+def placed_devices(model: torch.nn.Module) -> list[str]:
+    """Where a device-mapped model's modules sit, in order, once each ("cuda:0", "cpu", "disk"); [] for a
+    model in one piece."""
+    out: list[str] = []
+    for where in getattr(model, "hf_device_map", {}).values():
+        name = f"cuda:{where}" if isinstance(where, int) else str(where)
+        if name not in out:
+            out.append(name)
+    return out
+
+
 def input_device(model: torch.nn.Module, default: torch.device) -> torch.device:
     """Where a device-mapped model takes its input ids: the device of its first placed module (the
     embeddings); its logits come out on the device of the last one, and the engine moves them back."""
-    for where in getattr(model, "hf_device_map", {}).values():
-        if where in ("disk", "meta"):
-            continue
-        return torch.device(f"cuda:{where}" if isinstance(where, int) else where)
+    for name in placed_devices(model):
+        if name not in ("disk", "meta"):
+            return torch.device(name)
     return default
 
 

@@ -55,7 +55,7 @@ def test_follow_shows_the_requests_other_clients_send(settings):
     with running_server(settings) as served, httpx.Client(base_url=served.url, timeout=TIMEOUT) as client:
         backend = AttachBackend(served.url, None, settings, follow=True)
         try:
-            backend.load(lambda text: None)
+            info, _ = backend.load(lambda text: None)
             got: list = []
             reader = threading.Thread(target=lambda: got.extend(steps_until_done(backend)))
             reader.start()
@@ -63,6 +63,7 @@ def test_follow_shows_the_requests_other_clients_send(settings):
             answer = client.post("/generate", json={"prompt": "w3", "max_new_tokens": 5, "ignore_eos": True}).json()
             reader.join(TIMEOUT)
             assert [t for s in got for t in s.emitted] == answer["generated_ids"]
+            assert info.prompt_text == "w3"  # the screen shows the prompt of the request it follows
         finally:
             backend.close()
 

@@ -40,6 +40,8 @@ def test_a_split_target_gives_the_tokens_of_the_whole_model(llama_path, tmp_path
     assert split.device == CPU
     if where == "disk":  # really offloaded: those weights are not in memory until their forward
         assert split.model.hf_device_map == mapping
+        run = Decoder(split, None, SamplingConfig(temperature=0.0)).start([4, 5], 2)
+        assert run.step().memory_mb["devices"] == {"cpu": None, "disk": None}  # each device, for the panel
         assert split.model.model.layers[1].self_attn.q_proj.weight.device.type == "meta"
     draft = load_model(llama_path + "@bfloat16", CPU)
     for k in (1, 3):

@@ -439,3 +439,13 @@ def test_text_prompt_file_and_a_complete_resume(capsys, gpt2_paths, tmp_path):
     code, text, err = run_cli(capsys, *argv[:-2], "--resume", str(out))  # nothing left to run: shown again
     assert code == 0, err
     assert json.loads(out.read_text())["results"] == doc["results"] and "2 of 2 done" in text
+
+
+def test_terminal_plots_in_colour_and_without(finished):
+    from specview.eval.plots import terminal_plots
+
+    doc = json.loads(finished[2].read_text())
+    coloured, plain = terminal_plots(doc, color=True), terminal_plots(doc, color=False)
+    assert len(coloured) == len(plain) == 3
+    assert all(t.spans and "\x1b" not in t.plain for t in coloured)  # ANSI turned into rich styles
+    assert all(not t.spans and "▒" in t.plain for t in plain)  # the second series' own fill character

@@ -30,12 +30,14 @@ def test_a_signal_mid_request_finishes_the_step_answers_the_queue_and_saves(tiny
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as a background job: must not matter
     )
     try:
+        said = []
         for line in proc.stderr:  # the loading lines, then the one that says where it listens
+            said.append(line)
             if match := re.search(r" on (http://\S+) ", line):
                 url = match.group(1)
                 break
         else:
-            raise AssertionError(f"the server never said where it listens (exit {proc.wait()})")
+            raise AssertionError(f"the server never said where it listens (exit {proc.wait()}): {''.join(said)}")
         body = {"prompt": "w1 w2", "max_new_tokens": 8000, "k": 2, "ignore_eos": True, "stream": True}
         with httpx.Client(base_url=url, timeout=TIMEOUT) as client, ThreadPoolExecutor(1) as pool:
             with client.stream("POST", "/generate", json=body) as response:

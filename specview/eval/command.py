@@ -50,17 +50,7 @@ def eval_command(args) -> int:
 
 def _eval(args, stop: Stop) -> int:
     settings = Settings.from_args(args)
-    # Everything a user can get wrong is checked here, before the models load.
-    if getattr(args, "prompt", None) is not None:
-        raise SpecviewError("eval reads its prompts from --prompts (builtin or a file), not --prompt")
-    prompts = load_prompts(args.prompts, args.limit, args.categories)
-    drafters = split_specs(settings.draft)
-    for spec in drafters:
-        drafter_kind(spec)
-    config = eval_config(settings, args, prompts, drafters)
-    previous = load_resume(args.resume, config) if args.resume else None
-    out = args.json or args.resume or default_path(args.profile_dir or settings.profile_dir, settings.target)
-    ensure_writable_dir(os.path.dirname(os.path.abspath(out)), "--json")
+    prompts, config, previous, out = check_inputs(args, settings)  # before the models load
     stdout, stderr = Console(highlight=False), Console(stderr=True, highlight=False)
     if not stdout.is_terminal:
         stdout.width = max(stdout.width, 132)  # a file or pipe gets whole tables
@@ -71,63 +61,98 @@ def _eval(args, stop: Stop) -> int:
             session = open_session(settings, (lambda msg: status.update(msg + "…")) if status else None)
     for note in session.notes:
         stderr.print(note, soft_wrap=True)
-    tokenizer = session.target.tokenizer
-    chat = args.chat if args.chat is not None else args.prompts == BUILTIN and bool(getattr(tokenizer, "chat_template", None))
+    has_template = bool(getattr(session.target.tokenizer, "chat_template", None))
+    chat = args.chat if args.chat is not None else args.prompts == BUILTIN and has_template
     settings.chat = config["chat"] = chat
     if previous:
-        check_resume(args.resume, previous["config"], config, ("chat",))
+        check_resume(args.resume, previous["config"], config, ("chat",))  # auto resolved: compare it now
     prompt_ids = {p.id: encode(session, p, chat) for p in prompts}
-    prompt_meta = [{"id": p.id, "category": p.category, "prompt_tokens": len(prompt_ids[p.id])} for p in prompts]
-    results = complete_results(previous, set(prompt_ids)) if previous else []
-    done = {r["prompt_id"] for r in results}
+    book = Results(config, [{"id": p.id, "category": p.category, "prompt_tokens": len(prompt_ids[p.id])}
+                            for p in prompts], out, session)
+    if previous:
+        book.results = complete_results(previous, set(prompt_ids))
+        book.meta["resumed_results"] = len(book.results)
+    done = {r["prompt_id"] for r in book.results}
     todo = [(i, p) for i, p in enumerate(prompts) if p.id not in done]
 
     never = Stop()  # a run always finishes: eval stops between prompts, never inside one
     generator = torch.Generator(device=session.device)
     methods = [(None, EngineMethod(session, "autoregressive", generator, never))]
     methods += [(d.spec, EngineMethod(session, "speculative", generator, never, d)) for d in session.drafters]
-    meta = {**session.meta(), "load_s": session.load_s, "resumed_results": len(results)}
-    del meta["prompt_ids"]  # the session's one prompt: eval's are in "prompts"
-    timing = {"warmup_s": 0.0, "loop_s": 0.0, "runs_s": 0.0}
-
-    def save(interrupted: bool) -> dict:
-        timing_meta = {**timing, "overhead_s": timing["loop_s"] - timing["runs_s"],
-                       "overhead_share": (timing["loop_s"] - timing["runs_s"]) / timing["loop_s"]
-                       if timing["loop_s"] else None}
-        doc = build_doc(config, prompt_meta, results, {**meta, "timing": timing_meta}, interrupted)
-        try:
-            write_json_atomic(out, doc, indent=1)
-        except OSError as err:
-            raise SpecviewError(f"--json: cannot write {out}: {err.strerror}") from err
-        return doc
-
     interrupted = False
     with eval_progress(stderr) as progress:
         task = progress.add_task("warm-up", total=len(todo) * len(methods))
+
+        def say(label: str) -> None:
+            progress.update(task, description=label)
+            progress.refresh()
+
         try:
-            if todo:
-                t0 = time.perf_counter()
-                first = prompt_ids[todo[0][1].id]
-                for _, method in methods:
-                    method.run(prompt_ids=first, max_new_tokens=min(WARMUP_TOKENS, settings.max_new_tokens))
-                timing["warmup_s"] = time.perf_counter() - t0
+            warm_up(methods, prompt_ids[todo[0][1].id] if todo else None, settings, book.timing)
             loop_start = time.perf_counter()
             for index, prompt in todo:
                 if stop:
                     interrupted = True
                     break
-                results.extend(run_prompt(prompt, index, prompt_ids[prompt.id], methods, settings, generator,
-                                          timing, lambda label: (progress.update(task, description=label),
-                                                                 progress.refresh())))
+                book.results += run_prompt(prompt, index, prompt_ids[prompt.id], methods, settings, generator,
+                                           book.timing, say)
                 progress.advance(task, len(methods))
-                timing["loop_s"] = time.perf_counter() - loop_start
-                save(False)
-                timing["loop_s"] = time.perf_counter() - loop_start  # the write is eval's own work too
+                book.timing["loop_s"] = time.perf_counter() - loop_start
+                book.save(False)
+                book.timing["loop_s"] = time.perf_counter() - loop_start  # the write is eval's own work too
         except KeyboardInterrupt:  # a second signal: the prompt in flight is dropped, the rest is kept
             interrupted = True
-    doc = save(interrupted)
+    doc = book.save(interrupted)
     show(doc, out, args, stdout, stderr)
     return 130 if interrupted or stop else 0
+
+
+def check_inputs(args, settings: Settings) -> tuple[list[Prompt], dict, dict | None, str]:
+    """Everything a user can get wrong, checked before the models load: the prompt set and its filters,
+    the drafter specs, the --resume file against these settings, where the results go."""
+    if getattr(args, "prompt", None) is not None:
+        raise SpecviewError("eval reads its prompts from --prompts (builtin or a file), not --prompt")
+    prompts = load_prompts(args.prompts, args.limit, args.categories)
+    drafters = split_specs(settings.draft)
+    for spec in drafters:
+        drafter_kind(spec)
+    config = eval_config(settings, args, prompts, drafters)
+    previous = load_resume(args.resume, config) if args.resume else None
+    out = args.json or args.resume or default_path(args.profile_dir or settings.profile_dir, settings.target)
+    ensure_writable_dir(os.path.dirname(os.path.abspath(out)), "--json")
+    return prompts, config, previous, out
+
+
+class Results:
+    """The results so far and where they go: save() rewrites the whole document atomically (after every
+    prompt, so a stop or a kill leaves a file of whole prompts)."""
+
+    def __init__(self, config: dict, prompts: list[dict], path: str, session):
+        self.config, self.prompts, self.path = config, prompts, path
+        self.results: list[dict] = []
+        self.meta = {**session.meta(), "load_s": session.load_s, "resumed_results": 0}
+        del self.meta["prompt_ids"]  # the session's one prompt: eval's are in "prompts"
+        self.timing = {"warmup_s": 0.0, "loop_s": 0.0, "runs_s": 0.0}  # runs_s: inside the runs themselves
+
+    def save(self, interrupted: bool) -> dict:
+        t = self.timing
+        overhead = t["loop_s"] - t["runs_s"]  # eval's own work: the loop, checks, summaries, writes
+        timing = {**t, "overhead_s": overhead, "overhead_share": overhead / t["loop_s"] if t["loop_s"] else None}
+        doc = build_doc(self.config, self.prompts, self.results, {**self.meta, "timing": timing}, interrupted)
+        try:
+            write_json_atomic(self.path, doc, indent=1)
+        except OSError as err:
+            raise SpecviewError(f"--json: cannot write {self.path}: {err.strerror}") from err
+        return doc
+
+
+def warm_up(methods: list, prompt_ids: list[int] | None, settings: Settings, timing: dict) -> None:
+    if prompt_ids is None:
+        return
+    t0 = time.perf_counter()
+    for _, method in methods:
+        method.run(prompt_ids=prompt_ids, max_new_tokens=min(WARMUP_TOKENS, settings.max_new_tokens))
+    timing["warmup_s"] = time.perf_counter() - t0
 
 
 def encode(session, prompt: Prompt, chat: bool) -> list[int]:

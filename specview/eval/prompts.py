@@ -47,9 +47,9 @@ def read_text(path: str) -> str:
         with open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        raise SpecviewError(f"--prompts: no such file: {path} (or use --prompts builtin)") from None
+        raise SpecviewError(f"--prompts: cannot read {path}: no such file") from None
     except IsADirectoryError:
-        raise SpecviewError(f"--prompts: {path} is a folder; give a prompt file") from None
+        raise SpecviewError(f"--prompts: cannot read {path}: a folder, not a prompt file") from None
     except OSError as err:
         raise SpecviewError(f"--prompts: cannot read {path}: {err.strerror}") from err
     if not raw.strip():

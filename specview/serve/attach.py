@@ -50,6 +50,7 @@ class AttachBackend(Backend):
         self.notice = ""  # one line for the status line: a dropped connection, a retry
         self.drops = 0  # connections lost so far
         self.leaving = threading.Event()
+        self.info: SessionInfo | None = None
 
     # Backend ---------------------------------------------------------------------------------------
 
@@ -74,6 +75,7 @@ class AttachBackend(Backend):
         )
         if self.follow:
             self._reader(self._follow, self.inbox)
+        self.info = info
         return info, RunInfo(self.run_index)
 
     def step(self) -> StepView:
@@ -85,6 +87,8 @@ class AttachBackend(Backend):
             kind, request = record["type"], record.get("request")
             if kind == "start":
                 self.current = request
+                if self.follow:  # the app draws this info: the prompt on screen is the request's
+                    self.info.prompt_text = record.get("prompt") or ""
             elif kind == "step":
                 self.current = request if self.current is None else self.current
                 self.steps += 1

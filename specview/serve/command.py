@@ -46,7 +46,8 @@ class Served:
         self.hub = EventHub()
         self.worker = EngineWorker(session, self.metrics, self.hub, queue_size=queue_size,
                                    cap=cap, profile_dir=profile_dir, stop=stop)
-        self.worker.recorder.meta["t_ar_ms"] = t_ar_ms  # the profile's c and v: no second timing on the first request
+        if t_ar_ms is not None:  # timed once at start: the profile's c and v use it, no request waits for it
+            self.worker.recorder.meta["t_ar_ms"] = t_ar_ms
         info = {"target": session.target.spec, "drafters": [d.spec for d in session.drafters],
                 "device": str(session.device), "t_ar_ms": t_ar_ms, "load_s": session.load_s,
                 "roofline": self.worker.recorder.meta.get("roofline"),  # bandwidth, bytes per forward: the TUI's floors

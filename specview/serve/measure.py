@@ -9,6 +9,9 @@ adds to each step compared with `specview run`.
         of the same options (both subprocesses, same threads). Per step: the engine's own wall_ms, and
         the cycle a client sees (the time between two consecutive step records arriving). The serve
         overhead is the difference of the median cycles.
+    python -m specview.serve.measure bookkeeping [-N 256 RUN OPTIONS...]
+        In one process, what the server's engine thread does per step besides run.step() (profile record,
+        metrics, token texts, the record and its JSON), timed against the step itself.
 """
 
 from __future__ import annotations
@@ -135,6 +138,40 @@ def overhead(options: list[str], rounds: int, n: int) -> dict:
     return out
 
 
+def bookkeeping(options: list[str], n: int) -> dict:
+    from specview.detok import token_texts
+    from specview.options import build_run_parser
+    from specview.profiling.recorder import ProfileRecorder
+    from specview.serve.metrics import ServeMetrics
+    from specview.service import step_record
+    from specview.session import open_session
+    from specview.settings import Settings
+    from specview.tui.views import StepView
+
+    settings = Settings.from_args(build_run_parser().parse_args(options))
+    session = open_session(settings)
+    recorder = ProfileRecorder(session, "speculative", settings.profile_dir)
+    decoder = session.decoder("speculative", timer=recorder.timer)
+    recorder.attach(decoder)
+    metrics, decode = ServeMetrics(), session.target.tokenizer.decode
+    step_ms, extra_ms = [], []
+    run = decoder.start(session.prompt_ids, n)
+    while not run.done:
+        before = run.tokens[-8:]
+        t0 = time.perf_counter()
+        step = run.step()
+        t1 = time.perf_counter()
+        recorder.add_step(step)  # as worker.EngineWorker._run does after each step
+        metrics.step(step)
+        record = step_record(StepView(step, token_texts(decode, before, step), run.summary.prefill_ms))
+        json.dumps({**record, "request": 0}, allow_nan=False)  # the SSE encoding (on the loop's thread)
+        step_ms.append((t1 - t0) * 1000)
+        extra_ms.append((time.perf_counter() - t1) * 1000)
+    return {"steps": len(step_ms), "step_ms_median": statistics.median(step_ms),
+            "bookkeeping_ms_median": statistics.median(extra_ms), "bookkeeping_ms_mean": statistics.mean(extra_ms),
+            "bookkeeping_share": statistics.mean(extra_ms) / statistics.mean(step_ms)}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -150,11 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     op = sub.add_parser("overhead")
     op.add_argument("--rounds", type=int, default=3)
     op.add_argument("-N", type=int, default=64)
+    bp = sub.add_parser("bookkeeping")
+    bp.add_argument("-N", type=int, default=256)
     args, rest = p.parse_known_args(argv)
     if args.what == "load":
         result = load(args.url, args.requests, args.clients, args.N, args.K, args.token)
-    else:
+    elif args.what == "overhead":
         result = overhead(rest, args.rounds, args.N)
+    else:
+        result = bookkeeping(rest, args.N)
     print(json.dumps(result, indent=1))
     return 0
 

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from specview.detok import token_texts
 from specview.engine import Run, eos_token_ids
 from specview.errors import SpecviewError
 from specview.profiling.recorder import ProfileRecorder
@@ -31,7 +32,6 @@ from specview.serve.schema import ApiError
 from specview.service import step_record
 from specview.session import Session, check_context, encode_prompt
 from specview.stopping import Stop
-from specview.tui.backend import token_texts
 from specview.tui.views import StepView
 
 SHUTTING_DOWN = "the server is shutting down"

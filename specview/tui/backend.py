@@ -10,8 +10,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from specview.detok import CONTEXT, piece_in_context
-from specview.events import RunSummary, StepResult
+from specview.detok import CONTEXT, piece_in_context, token_texts
+from specview.events import RunSummary
 from specview.tui.views import RunInfo, SessionInfo, StepView
 
 K_MAX = 32  # + stops here: wider blocks only waste draft forwards
@@ -181,24 +181,3 @@ class EngineBackend(Backend):
         if interrupted:
             self.run.summary.stop_reason = "interrupted"
         return str(self.recorder.save(self.summaries, interrupted=interrupted))
-
-
-def token_texts(decode, before: list[int], step: StepResult) -> dict[int, str]:
-    """Text of each id the step mentions, decoded after the tokens it follows (detok.piece_in_context:
-    leading spaces and multi-byte pieces come out as in the output)."""
-    ctx = list(before[-CONTEXT:])
-    out: dict[int, str] = {}
-
-    def piece(prefix: list[int], tok: int) -> str:
-        return piece_in_context(decode, prefix, tok, context=0)
-
-    for i, tok in enumerate(step.drafted):
-        out.setdefault(tok, piece(ctx + step.drafted[:i], tok))
-    at = ctx + step.drafted[: step.accepted]
-    others = [step.resampled, step.bonus] + [int(t) for t, _ in step.residual_top or []]
-    for tok in others:
-        if tok is not None and tok not in out:
-            out[tok] = piece(at, tok)
-    for tok, text in zip(step.emitted, step.tokens):
-        out.setdefault(tok, text)
-    return out

@@ -33,5 +33,9 @@ class MemoryPanel(StatsPanel):
             out.append(sparkline(alloc, width) + "\n", style="magenta")
         else:
             out.append(f"{self.device or 'cpu'}: no device memory\n", style="dim")
+        for name, mb in (st.steps[-1].memory_mb.get("devices") or {}).items():  # --device-map: each device
+            out.append(f"{name} ", style="dim")
+            out.append(f"{mb:.0f}\n" if mb is not None else "in rss\n" if name == "cpu" else "offloaded\n",
+                       style="bold" if mb is not None else "dim")
         out.rstrip()
         return out
