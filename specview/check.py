@@ -28,7 +28,8 @@ from specview.session import Session, check_context, encode_prompt, open_session
 from specview.settings import SamplingConfig, Settings
 from specview.stopping import Stop
 
-BUILTIN_PROMPTS = ("The three primary colors are", "def fibonacci(n):", "Q: What is the capital of France?\nA:")
+QUICK = "quick"  # the default set: --prompt and these three, a few seconds of greedy decoding each
+QUICK_PROMPTS = ("The three primary colors are", "def fibonacci(n):", "Q: What is the capital of France?\nA:")
 MIN_EXPECTED = 5  # chi-square's usual rule: every bin expects at least 5 draws
 MAX_BINS = 30
 NOISE_FACTOR = 4  # a margin within 4x the measured float noise of the logits is a near-tie
@@ -62,10 +63,10 @@ class DrafterResult:
 
 
 def load_prompts(spec: str, first: str) -> list[str]:
-    """builtin: --prompt and three more; else a prompt file as eval reads it (eval/prompts.py, the one
-    reader: text, JSONL of {"prompt"} or a Spec-Bench question.jsonl)."""
-    if spec == "builtin":
-        return [first, *BUILTIN_PROMPTS]
+    """`quick`: `--prompt` and QUICK_PROMPTS; otherwise eval's prompt sets (`builtin`, a Spec-Bench
+    question.jsonl, JSONL of {"prompt"}, a text file: eval/prompts.py, the one home of prompt sets)."""
+    if spec == QUICK:
+        return [first, *QUICK_PROMPTS]
     return [p.text for p in load_prompt_file(spec)]
 
 

@@ -127,9 +127,10 @@ def build_check_parser() -> Parser:
     g = p.add_argument_group("check")
     g.add_argument("--samples", "-M", default=1000, type=number_type(int, "--samples", lambda v: v >= 20, ">= 20"),
                    help="speculative samples of the first token for the distribution test (default 1000)")
-    g.add_argument("--prompts", default="builtin", metavar="SET",
-                   help="prompts for the greedy check: builtin (--prompt and three more) or a file, one prompt a "
-                        "line (or JSONL with a \"prompt\" field)")
+    g.add_argument("--prompts", default="quick", metavar="SET",
+                   help="prompts for the greedy check: quick (--prompt and three more), or any of eval's sets: "
+                        "builtin (eval's 48), a Spec-Bench question.jsonl, JSONL with \"prompt\", or a text file, one "
+                        "prompt a line (default quick)")
     g.add_argument("--threshold", default=0.001, type=number_type(float, "--threshold", lambda v: 0 < v < 1, "in (0, 1)"),
                    help="the distribution test fails when its p-value is below this (default 0.001: a correct "
                         "engine fails 1 check in 1000)")

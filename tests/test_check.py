@@ -120,3 +120,11 @@ def test_prompts_from_a_file_and_a_bad_file(capsys, spread_pair, tmp_path):
 def test_bad_options_exit_2_with_one_line(capsys):
     code, out, err = run_cli(capsys, "check", "--samples", "3")
     assert code == 2 and "--samples must be >= 20" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_prompt_sets():
+    from specview.check import QUICK_PROMPTS, load_prompts
+    from specview.eval.prompts import load_prompts as eval_set
+
+    assert load_prompts("quick", "my prompt") == ["my prompt", *QUICK_PROMPTS]
+    assert load_prompts("builtin", "my prompt") == [p.text for p in eval_set("builtin")]  # eval's set, one home
