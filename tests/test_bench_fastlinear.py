@@ -106,3 +106,35 @@ def test_auto_packs_only_the_dtypes_measured_faster(monkeypatch):
     fastlinear.install(bf16)
     assert "forward" not in f32.__dict__
     assert ("forward" in bf16.__dict__) == fastlinear.supported(torch.bfloat16)
+
+
+def test_the_choice_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch):
+    """Every process on a machine must time the same kernels (a TUI and a headless run compared in
+    `make fidelity` once chose differently): the first measures, the rest read the cache folder."""
+    import json
+
+    monkeypatch.setenv("SPECVIEW_CACHE_DIR", str(tmp_path))
+    probes = []
+
+    def fake_probe(dtype, shape):
+        probes.append((dtype, shape))
+        return (1.0, 0.5) if dtype == torch.float32 else (1.0, 0.95)  # packed clearly faster / not by 10%
+
+    monkeypatch.setattr(fastlinear, "_probe", fake_probe)
+    for _ in range(2):
+        fastlinear.faster.cache_clear()  # a new process
+        assert fastlinear.faster(torch.float32, (64, 32)) is True
+        assert fastlinear.faster(torch.bfloat16, (64, 32)) is False
+    assert len(probes) == 2  # measured once each, then read back
+    stored = json.loads((tmp_path / "fastlinear.json").read_text())
+    assert len(stored) == 2 and all(f"threads={torch.get_num_threads()}" in key for key in stored)
+    (tmp_path / "fastlinear.json").write_text("{damaged")  # measured again, rewritten
+    fastlinear.faster.cache_clear()
+    assert fastlinear.faster(torch.float32, (64, 32)) is True and len(probes) == 3
+    json.loads((tmp_path / "fastlinear.json").read_text())
+    fastlinear.faster.cache_clear()
+
+
+def test_the_real_probe_runs_on_this_torch_build():
+    stock_s, packed_s = fastlinear._probe(torch.float32, (256, 128), repeats=1)
+    assert stock_s > 0 and packed_s > 0

@@ -16,12 +16,10 @@ only by the functions that measure or count (so report and the TUI can use the a
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import time
 
-from specview.files import write_json_atomic
+from specview.machine import host_key, read_cached, store_cached
 
 PROBE_BYTES = 256 * 2**20  # the streamed tensor: far past any CPU cache, ~10 ms to read
 PROBE_REPEATS = 20  # best of: a shared machine's noise only ever adds time (~0.2 s in all)
@@ -31,40 +29,22 @@ CACHE_FILE = "bandwidth.json"
 # --- bandwidth ---------------------------------------------------------------------------------------
 
 
-def cache_path() -> str:
-    from specview.weights_cache import cache_dir  # the one home of the cache folder ($SPECVIEW_CACHE_DIR...)
-
-    return str(cache_dir() / CACHE_FILE)
-
-
 def machine_key(device) -> str:
     """Machine + device + threads: the bandwidth one thread reaches is not what two reach."""
     import torch
 
     device = torch.device(device)
-    name = platform.node() + "/" + _cpu_name()
+    name = host_key()
     if device.type == "cuda":
         name += "/" + torch.cuda.get_device_name(device)
     return f"{name}/{device}/threads={torch.get_num_threads()}"
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def measure_bandwidth(device, refresh: bool = False) -> dict:
     """{"gbs": .., "method": .., "probe_s": .., "measured_at": ..}: the device's read bandwidth, from the
     cache when this machine, device and thread count were probed before."""
     key = machine_key(device)
-    path = cache_path()
-    cached = _read_cache(path)
+    cached = read_cached(CACHE_FILE)
     old = cached.get(key) if isinstance(cached.get(key), dict) else {}
     valid = isinstance(old.get("gbs"), (int, float))
     # Other work on the machine takes bandwidth too: a figure probed on a busy machine is probed again once
@@ -75,11 +55,7 @@ def measure_bandwidth(device, refresh: bool = False) -> dict:
     if valid and not refresh and old["gbs"] > figure["gbs"]:
         figure = old
     cached[key] = figure
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_json_atomic(path, cached, indent=1)
-    except OSError:
-        pass  # best effort: the figure is still right, the next start probes again
+    store_cached(CACHE_FILE, cached)
     return figure
 
 
@@ -93,15 +69,6 @@ def _load() -> float | None:
 def _busy(load: float | None) -> bool:
     """Another process keeps the cores busy (the 1-minute load average reaches the core count)."""
     return load is not None and load >= (os.cpu_count() or 1)
-
-
-def _read_cache(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}  # missing or damaged: probe again
 
 
 def probe_bandwidth(device, nbytes: int = PROBE_BYTES, repeats: int = PROBE_REPEATS) -> dict:

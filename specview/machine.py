@@ -1,0 +1,53 @@
+"""What this machine is, and figures measured on it once and kept (the bandwidth probe, the fast-kernel
+choice) in small JSON files of the cache folder. ONE home for both, so every process on a machine agrees:
+two processes that measured for themselves could choose differently on a noisy machine, and then a TUI
+and a headless run of the same settings would time different kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+
+from specview.files import write_json_atomic
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_key() -> str:
+    """The host and its CPU: a VM image can wake up on other hardware, so the CPU is part of the key."""
+    return platform.node() + "/" + cpu_name()
+
+
+def cache_path(name: str) -> str:
+    from specview.weights_cache import cache_dir  # the one home of the cache folder ($SPECVIEW_CACHE_DIR...)
+
+    return str(cache_dir() / name)
+
+
+def read_cached(name: str) -> dict:
+    try:
+        with open(cache_path(name), encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}  # missing or damaged: measure again
+
+
+def store_cached(name: str, data: dict) -> None:
+    path = cache_path(name)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_json_atomic(path, data, indent=1)
+    except OSError:
+        pass  # best effort: the figure is still right, the next start measures again
