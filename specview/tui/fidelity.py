@@ -29,7 +29,10 @@ def medians(profile: dict) -> dict:
     steps = [s for s in profile["steps"] if s.get("drafted")]
     verify = [s["phases_ms"]["verify"] for s in steps]
     draft = [s["phases_ms"]["draft"] / len(s["drafted"]) for s in steps]
+    walls = [sum(s["phases_ms"][k] for k in ("draft", "verify", "sample", "cache", "other")) for s in profile["steps"]]
     return {"verify_ms": statistics.median(verify) if verify else None,
+            "step_ms": statistics.median(walls) if walls else None,
+            "prefill_ms": round(profile["summary"].get("prefill_ms") or 0.0, 1),
             "draft_ms_per_token": statistics.median(draft) if draft else None,
             "tokens_per_s": profile["summary"]["tokens_per_s"], "steps": profile["summary"]["steps"]}
 
@@ -87,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
             b = tui(run_args, os.path.join(tmp, f"tui{r}"))
             pairs.append((a, b))
             table.add_row(str(r + 1), *_cells(a, b))
-            console.print(f"round {r + 1}: run {a['steps']} steps, TUI {b['steps']} steps", style="dim")
+            console.print(f"round {r + 1}: run {a['steps']} steps, TUI {b['steps']} steps; median step "
+                          f"{a['step_ms']:.1f} / {b['step_ms']:.1f} ms; prefill {a['prefill_ms']} / {b['prefill_ms']} ms",
+                          style="dim")
     if len(pairs) > 1:
         pooled = [{k: statistics.median(x[k] for x in side) for k in ("verify_ms", "draft_ms_per_token", "tokens_per_s")}
                   for side in zip(*pairs)]
