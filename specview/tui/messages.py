@@ -3,7 +3,8 @@ Textual initialises dataclass messages through Message.__post_init__."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 from textual.message import Message
 
@@ -37,6 +38,7 @@ class RunStarted(Message):
 @dataclass
 class StepDone(Message):
     view: StepView
+    handled: threading.Event = field(default_factory=threading.Event)  # set once drawn: the next step may start
 
 
 @dataclass
