@@ -133,19 +133,33 @@ def skip_drafter(target):
     return ModelDrafter(lm)
 
 
+def int4_drafter(target, draft):
+    """A 4-bit copy of the tiny draft (of the draft, not the target: a copy of the target would agree with
+    it too often for the test to see rejections)."""
+    from specview.drafters.int4 import int4_copy
+    from specview.drafters.model import ModelDrafter
+    from specview.models import LoadedModel
+
+    lm = LoadedModel("small-draft@int4", int4_copy(draft.model), draft.tokenizer, draft.device, torch.bfloat16,
+                     draft.context_len)
+    return ModelDrafter(lm)
+
+
 DRAFTERS = {
-    "ngram": lambda target: NgramDrafter("ngram:max=2,min=1"),
-    "self:skip": skip_drafter,
+    "ngram": lambda target, draft: NgramDrafter("ngram:max=2,min=1"),
+    "self:skip": lambda target, draft: skip_drafter(target),
+    "@int4": int4_drafter,
 }
 
 
 @pytest.mark.parametrize("cfg_name", ["temperature 1", "temperature 0.7, top-k 3"])
 @pytest.mark.parametrize("kind", DRAFTERS)
 def test_every_drafter_keeps_the_target_law(small_vocab_pair, kind, cfg_name):
-    target, _ = small_vocab_pair
+    target, draft = small_vocab_pair
     cfg = CASES[cfg_name]
     exact = exact_joint(target, cfg, 8, prompt=REPEATING)
-    counts, drafted, rejected = drafter_counts(target, DRAFTERS[kind](target), cfg, k=2, vocab=8, prompt=REPEATING)
+    counts, drafted, rejected = drafter_counts(target, DRAFTERS[kind](target, draft), cfg, k=2, vocab=8,
+                                               prompt=REPEATING)
     assert drafted > SAMPLES and rejected > SAMPLES // 10, "the drafter must propose, and be rejected, often"
     assert tv(counts, exact) < tv_threshold(exact), f"{kind}, {cfg_name}: output is not the target's law"
 
@@ -153,11 +167,11 @@ def test_every_drafter_keeps_the_target_law(small_vocab_pair, kind, cfg_name):
 @pytest.mark.parametrize("kind", DRAFTERS)
 def test_every_drafter_test_has_power(small_vocab_pair, kind, monkeypatch):
     """With the accept rule broken (always accept), the same test rejects each drafter's output."""
-    target, _ = small_vocab_pair
+    target, draft = small_vocab_pair
     cfg = CASES["temperature 1"]
     monkeypatch.setattr(engine, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
     exact = exact_joint(target, cfg, 8, prompt=REPEATING)
-    counts, _, _ = drafter_counts(target, DRAFTERS[kind](target), cfg, k=2, vocab=8, prompt=REPEATING)
+    counts, _, _ = drafter_counts(target, DRAFTERS[kind](target, draft), cfg, k=2, vocab=8, prompt=REPEATING)
     assert tv(counts, exact) > tv_threshold(exact)
 
 
