@@ -181,6 +181,7 @@ class SpecviewApp(App[None]):
         if not self.quitting:
             self.info = message.info
             self.screen.add_class("-loaded")
+            self.query_one(LoadingPanel).done()
             self.on_run_started(msg.RunStarted(message.run))
             if self.queue:  # space pressed while loading: those steps run now
                 self._start_stepping(AppState.STEPPING)

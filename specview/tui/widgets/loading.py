@@ -37,5 +37,10 @@ class LoadingPanel(Static):
         self.update(Text.assemble((f"{spinner} ", "bold cyan"), (self.what + "…", ""),
                                   (f"  {elapsed:.0f} s", "dim")))
 
+    def done(self) -> None:
+        """Loading is over (the panel is hidden, not removed): stop ticking, or its updates would go on
+        every 0.5 s for the whole session, in the middle of timed steps."""
+        self.ticker.stop()
+
     def on_unmount(self) -> None:
         self.ticker.stop()
