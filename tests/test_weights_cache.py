@@ -224,7 +224,9 @@ def tiny_gguf(tmp_path_factory):
 
 
 def entries(root):
-    return sorted(p for p in root.iterdir() if not p.name.startswith(".")) if root.exists() else []
+    """The converted-model entries (folders); the cache folder also keeps small per-machine figures
+    (bandwidth.json, fastlinear.json) that are not weights."""
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.exists() else []
 
 
 def test_gguf_load_goes_through_the_cache_and_matches_the_direct_load(tiny_gguf, cache_root):
