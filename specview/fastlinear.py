@@ -80,6 +80,7 @@ def _trial(dtype: torch.dtype) -> bool:
 
 CHOICE_FILE = "fastlinear.json"
 PROBE_BYTES = 64 * 2**20  # weights cycled through per probe pass: past the CPU's caches, like a forward's
+PROBE_MATRICES = 64  # ...but no more matrices than this (a tiny model's shape would need thousands)
 
 
 @functools.cache
@@ -105,7 +106,8 @@ def _probe(dtype: torch.dtype, shape: tuple[int, int], repeats: int = 5) -> tupl
     """Seconds for one pass of 1-row and PACK_ROWS-row products over enough distinct weights of this shape
     to stream them from memory (one hot matrix sits in cache and favours F.linear, which a forward never
     sees), stock against packed, interleaved, the best of `repeats` each (noise only adds; ~0.3 s)."""
-    count = max(2, PROBE_BYTES // (shape[0] * shape[1] * torch.finfo(dtype).bits // 8))
+    # (at most PROBE_MATRICES: a small model's weights all fit in cache, and so do the probe's, as in its forward)
+    count = min(PROBE_MATRICES, max(2, PROBE_BYTES // (shape[0] * shape[1] * torch.finfo(dtype).bits // 8)))
     weights = [torch.randn(*shape, dtype=dtype) for _ in range(count)]
     packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in weights]
     inputs = [torch.randn(rows, shape[1], dtype=dtype) for rows in (1, PACK_ROWS)]
