@@ -5,7 +5,7 @@ STAMP   := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test bench bench-copy eval fidelity lint check clean
+.PHONY: install run test stress bench bench-copy eval fidelity lint check clean
 
 install: $(STAMP)
 
@@ -24,6 +24,21 @@ run: install
 
 test: install
 	$(PY) -m pytest -q tests
+
+# The signal and quit tests STRESS_N times in a row while another process keeps one core busy
+# (stopping must not depend on timing): make stress STRESS_N=30.
+STRESS_N ?= 30
+STRESS_TESTS := tests/test_cli.py::test_signal_mid_step_finishes_the_step_then_stops \
+	tests/test_cli.py::test_real_signal_mid_run_still_ends_cleanly tests/test_tui_command.py tests/test_engine_process.py \
+	tests/test_tui.py::test_every_quit_key_writes_a_profile \
+	tests/test_tui.py::test_quit_during_a_step_in_flight_waits_for_it_and_exits \
+	tests/test_tui.py::test_e_exports_a_profile_and_quit_rewrites_it
+stress: install
+	python3 -c "while True: pass" & busy=$$!; log=$$(mktemp); trap "kill $$busy; rm -f $$log" EXIT; \
+	for i in $$(seq $(STRESS_N)); do \
+		if $(PY) -m pytest -q -p no:cacheprovider $(STRESS_TESTS) > $$log 2>&1; then echo "run $$i: $$(tail -1 $$log)"; \
+		else tail -30 $$log; echo "run $$i FAILED"; exit 1; fi; \
+	done
 
 bench: install
 	.venv/bin/specview bench --peer hf --temperature 0 -N 48 --draft smollm2-135m@int4,ngram,smollm2-135m@bfloat16 $(ARGS)
