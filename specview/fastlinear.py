@@ -170,6 +170,12 @@ def uninstall(model: torch.nn.Module) -> None:
             _packed.pop(module, None)
 
 
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """The weight reordered once into oneDNN's blocked layout for thin products."""
+    with torch.no_grad():
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+
+
 def _packed_weight(module: torch.nn.Linear) -> torch.Tensor:
     weight = module.weight
     key = (weight.data_ptr(), weight.dtype, weight._version)

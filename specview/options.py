@@ -54,6 +54,11 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="with --device-map: the most each device may hold, e.g. 0=20GiB,1=20GiB,cpu=60GiB")
     g.add_argument("-v", "--verbose", action="store_true",
                    help="the coloured origin stream (the default of `run`; accepted for the seed project's -v)")
+    g.add_argument("--compile", default=DEFAULTS.compile, choices=["auto", "on", "off"],
+                   help="the decode forward: on = specview's own forward for Llama-family models with one-token "
+                        "steps compiled by torch.compile (inductor; cached on disk, so only the first start "
+                        "compiles), off = transformers' forward (every layernorm timed), auto = on where a probe "
+                        "on this machine finds it faster (default auto; the choice is kept per machine)")
     g.add_argument("--no-cache", dest="cache", action="store_false",
                    help="convert a .gguf on every start instead of using (and filling) the converted-weights cache "
                         "in $SPECVIEW_CACHE_DIR, $XDG_CACHE_HOME/specview or ~/.cache/specview")

