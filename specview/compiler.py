@@ -27,8 +27,6 @@ def cache_dir() -> str:
 @functools.cache
 def unavailable_reason() -> str | None:
     """None when torch.compile can build CPU kernels here, else why not (one phrase)."""
-    if os.environ.get("SPECVIEW_COMPILE") == "0":
-        return "SPECVIEW_COMPILE=0"
     compiler = os.environ.get("CXX") or "g++"
     if shutil.which(compiler) is None and shutil.which("c++") is None:
         return f"no C++ compiler ({compiler}) on PATH: inductor builds its CPU kernels with one"

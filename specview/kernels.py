@@ -20,6 +20,7 @@ start probes nothing.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -64,6 +65,8 @@ def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
     fastdecode.uninstall(model)
     if mode == "off":
         return ForwardChoice("eager", "--compile off")
+    if mode == "auto" and os.environ.get("SPECVIEW_COMPILE") == "0":  # the test suite's default: see conftest
+        return ForwardChoice("eager", "SPECVIEW_COMPILE=0")
     reason = fastdecode.unsupported_reason(model) or compiler.unavailable_reason()
     if reason:
         if mode == "on":
@@ -106,10 +109,10 @@ def _warm(runner) -> None:
 
 def _probe_forward(lm, runner, rounds: int = 7) -> tuple[float, float]:
     """Median one-token forward, compiled against transformers' (with fastlinear), interleaved."""
+    from transformers import DynamicCache
+
     from specview import fastlinear
     from specview.kvcache import crop_cache
-
-    from transformers import DynamicCache
 
     fastlinear.install(lm.model)
     prefix = torch.zeros(1, 16, dtype=torch.long)
@@ -170,15 +173,3 @@ def _probe_one_row(kernel: str, dtype, shape, budget_bytes: int = 64 * 2**20, re
                 product(x, w, kernel)
             best = min(best, time.perf_counter() - t0)
     return best
-
-
-def describe(spec: str, choice: dict) -> str:
-    """One line for --verbose, the loading panel and report, from ForwardChoice.to_json()."""
-    text = f"{spec}: forward {choice['mode']} ({choice['why']})"
-    if choice.get("compile_s") is not None:
-        text += f", compile {choice['compile_s']:.1f} s"
-    pieces = choice.get("pieces") or {}
-    if pieces:
-        text += "; one row / several rows: " + ", ".join(
-            f"{name} {p['one_row']}/{p['rows']}" for name, p in pieces.items())
-    return text

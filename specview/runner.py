@@ -104,10 +104,10 @@ def run_command(args) -> int:
         for note in session.notes:  # e.g. which layers self:auto chose to skip
             err_console.print(note, soft_wrap=True, highlight=False)
         if args.verbose:
-            from specview.kernels import describe
+            from specview.profiling.render import describe_forward
 
             for spec, choice in session.forwards.items():
-                err_console.print(describe(spec, choice), soft_wrap=True, highlight=False)
+                err_console.print(describe_forward(spec, choice), soft_wrap=True, highlight=False)
         recorder = None
         if profiling:
             from specview.profiling.recorder import ProfileRecorder

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specview import machine
 from specview.drafters.specs import build as build_drafter
 from specview.drafters.specs import kind as drafter_kind
 from specview.drafters.specs import split_specs
-from specview import machine
 from specview.engine import Decoder
 from specview.errors import SpecviewError
 from specview.kvcache import new_cache
@@ -60,7 +60,7 @@ class Session:
             "versions": {"specview": _version(), "torch": torch.__version__, "transformers": transformers.__version__,
                          "python": platform.python_version()},
             "device": str(self.device),
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": machine.cpu_summary(),  # the model name and the ISA flags that decide the kernels
             "threads": torch.get_num_threads(),
             "target_dtype": str(self.target.dtype).removeprefix("torch."),
             "draft_dtype": str(self.draft.dtype).removeprefix("torch.") if self.draft else None,
@@ -149,13 +149,14 @@ def prepare_forwards(models: list, mode: str, say: Callable[[str], None]) -> dic
     """kernels.prepare for every distinct model (a layer-skip view runs transformers' forward of its own):
     spec -> ForwardChoice.to_json(), for the profile's config, --verbose and report."""
     from specview import kernels
+    from specview.profiling.render import describe_forward
 
     chosen: dict = {}
     for lm in models:
         if lm is None or lm.spec in chosen or not isinstance(lm.model, torch.nn.Module) or hasattr(lm.model, "new_cache"):
             continue
         chosen[lm.spec] = kernels.prepare(lm, mode, say).to_json()
-        say(kernels.describe(lm.spec, chosen[lm.spec]))
+        say(describe_forward(lm.spec, chosen[lm.spec]))
     return chosen
 
 
