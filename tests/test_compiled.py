@@ -132,8 +132,9 @@ def test_compiled_law_test_has_power(compiled_pair, monkeypatch):
     assert tv(counts, exact) > tv_threshold(exact)
 
 
-def test_compile_on_refuses_a_family_it_does_not_run(small_vocab_pair):
+def test_compile_on_refuses_a_family_it_does_not_run(small_vocab_pair, monkeypatch):
     gpt2, _ = small_vocab_pair
+    monkeypatch.delenv("SPECVIEW_COMPILE")
     with pytest.raises(SpecviewError, match="cannot run compiled here: model type 'gpt2'"):
         kernels.prepare(gpt2, "on")
     choice = kernels.prepare(gpt2, "auto")
