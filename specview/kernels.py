@@ -140,10 +140,13 @@ def _probe_forward(lm, runner, rounds: int = 7) -> tuple[float, float]:
 def one_row_kernel(model, say=lambda msg: None) -> str:
     """'reduce' or 'mm' for the compiled one-row products of this model's dtype: a compiled product of
     one row by the model's largest layer matrix, both ways, over enough copies to stream from memory."""
-    weight = max((m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)
-                  and m is not model.get_output_embeddings()), key=lambda w: w.numel(), default=None)
-    if weight is None:  # every layer matrix is int4: the one-row choice only concerns the head
-        weight = model.get_output_embeddings().weight
+    head = model.get_output_embeddings()
+    dense = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    if not dense and isinstance(head, torch.nn.Linear):  # every layer matrix is int4: only the head is dense
+        dense = [head.weight]
+    if not dense:  # nothing dense at all: the one-row kernel is torch's int4 one
+        return "mm"
+    weight = max(dense, key=lambda w: w.numel())
     dtype, shape = weight.dtype, tuple(weight.shape)
     cached = machine.read_cached(CHOICE_FILE)
     key = f"{machine.host_key()}/torch {torch.__version__}/threads={torch.get_num_threads()}/one_row/{dtype}/{shape}"
