@@ -54,7 +54,7 @@ eval: install
 
 # The TUI's timings against a headless run of the same settings (issue: measure without disturbing).
 fidelity: install
-	$(PY) -m specview.tui.fidelity --rounds 2 --threads 1 $(ARGS)
+	$(PY) -m specview.tui.fidelity --rounds 3 --threads 1 $(ARGS)
 
 lint: install
 	.venv/bin/ruff check specview tests

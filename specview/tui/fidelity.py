@@ -1,12 +1,17 @@
 """Does watching change what is measured? The TUI against a headless `specview run`, same settings, in one
 sitting (docs/design.md, "Engine stream"):
 
-    python -m specview.tui.fidelity [--rounds 2] [run options, e.g. --threads 1]      (make fidelity)
+    python -m specview.tui.fidelity [--rounds 3] [--terminal both|pilot|tmux] [run options, e.g. --threads 1]
+                                                                                          (make fidelity)
 
-Each round runs `specview run --profile` and then the TUI (headless, through Pilot, with its engine in a
-child process as always: `r` until the run ends, then `q`), and reads both profiles. Per round and
-over all rounds it prints the median verify forward per step, the median draft forward per drafted
-token and tokens/s, headless against TUI. The figures are the profiles' own: the same step records.
+Each round runs `specview run --profile`, then the TUI through Pilot (headless: it paints nothing), then
+the TUI in a real pseudo-terminal (a detached tmux pane of 120x40: the screen is drawn, escape codes
+and all, and tmux parses them as a terminal would), each with its engine in a child process as always:
+`r` until the run ends, then `q`. It reads the three profiles and prints, per round and over all
+rounds, the median verify forward per step, the median draft forward per drafted token and tokens/s,
+each TUI against the headless run, with the TUI's own CPU per step (its timing panel's `ui … ms
+cpu/step`, read off the screen in tmux) and the load average. The figures are the profiles' own: the
+same step records.
 """
 
 from __future__ import annotations
@@ -16,13 +21,22 @@ import asyncio
 import glob
 import json
 import os
+import re
+import shlex
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 from rich.console import Console
 from rich.table import Table
+
+SIZE = (120, 40)  # the terminal the TUI runs in, both ways
+POLL_S = 1.0  # how often the tmux screen is read while the TUI runs (a capture costs a few ms of CPU)
+TIMEOUT_S = 600.0  # loading and a run, at most
+UI_CPU = re.compile(r"ui (\d+(?:\.\d+)?) ms cpu/step")
 
 
 def medians(profile: dict) -> dict:
@@ -34,7 +48,8 @@ def medians(profile: dict) -> dict:
             "step_ms": statistics.median(walls) if walls else None,
             "prefill_ms": round(profile["summary"].get("prefill_ms") or 0.0, 1),
             "draft_ms_per_token": statistics.median(draft) if draft else None,
-            "tokens_per_s": profile["summary"]["tokens_per_s"], "steps": profile["summary"]["steps"]}
+            "tokens_per_s": profile["summary"]["tokens_per_s"], "steps": profile["summary"]["steps"],
+            "ui_cpu_ms": None, "load": os.getloadavg()[0]}
 
 
 def newest(folder: str) -> dict:
@@ -49,7 +64,8 @@ def headless(run_args: list[str], folder: str) -> dict:
     return medians(newest(folder))
 
 
-def tui(run_args: list[str], folder: str) -> dict:
+def pilot(run_args: list[str], folder: str) -> dict:
+    """The TUI under Pilot: the app runs, its widgets render, but no terminal receives a frame."""
     from specview.cli import build_tui_parser
     from specview.settings import Settings
     from specview.tui.app import SpecviewApp
@@ -57,55 +73,160 @@ def tui(run_args: list[str], folder: str) -> dict:
     from specview.tui.state import AppState
 
     settings = Settings.from_args(build_tui_parser().parse_args([*run_args, "--profile-dir", folder]))
+    ui_cpu = []
 
     async def drive() -> None:
         app = SpecviewApp(ProcessBackend(settings))
-        async with app.run_test(size=(120, 40)) as pilot:
+        async with app.run_test(size=SIZE) as pilot:
             while not app.loaded:
                 await pilot.pause(0.2)
             await pilot.press("r")
             while app.state is not AppState.ENDED:
                 await pilot.pause(0.2)
+            ui_cpu.append(app.stats.ui_cpu_per_step)
             await pilot.press("q")
             while app.profile_path is None:
                 await pilot.pause(0.2)
 
     asyncio.run(drive())
-    return medians(newest(folder))
+    return {**medians(newest(folder)), "ui_cpu_ms": ui_cpu[0]}
+
+
+class Tmux:
+    """One detached tmux session on a server of its own (`-L`): other tmux sessions are never touched."""
+
+    def __init__(self, command: list[str], size: tuple[int, int] = SIZE):
+        self.socket = f"specview-fidelity-{os.getpid()}"
+        width, height = size
+        self._tmux("-f", "/dev/null", "new-session", "-d", "-s", "tui", "-x", str(width), "-y", str(height),
+                   "-c", os.getcwd(), "exec " + shlex.join(command))
+
+    def _tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True).stdout
+
+    @property
+    def alive(self) -> bool:
+        return subprocess.run(["tmux", "-L", self.socket, "has-session", "-t", "tui"],
+                              capture_output=True).returncode == 0
+
+    def screen(self) -> str:
+        return self._tmux("capture-pane", "-p", "-t", "tui")
+
+    def press(self, key: str) -> None:
+        self._tmux("send-keys", "-t", "tui", key)
+
+    def wait_for(self, pattern: str, timeout: float = TIMEOUT_S) -> str:
+        """The screen once its status line (the first line) shows `pattern`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive:
+                raise RuntimeError(f"the TUI ended before showing {pattern!r}")
+            screen = self.screen()
+            if pattern in screen.partition("\n")[0]:
+                return screen
+            time.sleep(POLL_S)
+        raise TimeoutError(f"the TUI did not show {pattern!r} in {timeout:.0f} s:\n{self.screen()}")
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
+
+
+def terminal(run_args: list[str], folder: str) -> dict:
+    """The TUI in a real pseudo-terminal (tmux): every frame is drawn and parsed, as on a person's screen."""
+    app = Tmux([sys.executable, "-m", "specview.cli", *run_args, "--profile-dir", folder])
+    try:
+        app.wait_for("paused")  # loaded
+        app.press("r")
+        screen = app.wait_for("ended")
+        found = UI_CPU.search(screen)
+        app.press("q")
+        deadline = time.monotonic() + TIMEOUT_S
+        while app.alive and time.monotonic() < deadline:  # the profile is saved, then the TUI exits
+            time.sleep(0.2)
+    finally:
+        app.close()
+    return {**medians(newest(folder)), "ui_cpu_ms": float(found.group(1)) if found else None}
+
+
+def cpu_flags() -> str:
+    """The vector extensions of this CPU that the forwards use (AVX2, AVX-512), for the record."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    return ", ".join(name for name, flag in (("AVX2", "avx2"), ("AVX-512", "avx512f")) if flag in flags) or "no AVX2"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specview.tui.fidelity", description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=2, help="headless + TUI pairs (default 2)")
+    p.add_argument("--rounds", type=int, default=3, help="headless + TUI sets (default 3)")
+    p.add_argument("--terminal", choices=("both", "pilot", "tmux"), default="both",
+                   help="how the TUI runs: under Pilot (no screen), in a tmux pane (a real terminal), or both "
+                        "(the default; Pilot only when tmux is missing)")
     args, run_args = p.parse_known_args(argv)
+    modes = {"pilot": ["pilot"], "tmux": ["tmux"], "both": ["pilot", "tmux"]}[args.terminal]
+    if "tmux" in modes and shutil.which("tmux") is None:
+        if args.terminal == "tmux":
+            p.error("tmux is not installed (apt-get install tmux)")
+        modes = ["pilot"]
+    drivers = {"pilot": pilot, "tmux": terminal}
     console = Console(width=max(Console().width, 150))
-    table = Table(title="headless `specview run` against the TUI (medians per step)", title_justify="left")
-    for col in ("round", "verify ms run", "verify ms TUI", "TUI/run", "draft ms/token run", "draft ms/token TUI",
-                "TUI/run", "tokens/s run", "tokens/s TUI", "TUI/run"):
-        table.add_column(col, justify="right")
-    pairs = []
+    console.print(f"CPU: {cpu_flags()}, {os.cpu_count()} cores; run options: {shlex.join(run_args) or '(defaults)'}; "
+                  f"TUI at {SIZE[0]}x{SIZE[1]}", style="dim")
+    rounds = []  # per round: {"run": medians, "pilot": medians, "tmux": medians}
     with tempfile.TemporaryDirectory(prefix="specview-fidelity-") as tmp:
         for r in range(args.rounds):
-            a = headless(run_args, os.path.join(tmp, f"run{r}"))
-            b = tui(run_args, os.path.join(tmp, f"tui{r}"))
-            pairs.append((a, b))
-            table.add_row(str(r + 1), *_cells(a, b))
-            console.print(f"round {r + 1}: run {a['steps']} steps, TUI {b['steps']} steps; median step "
-                          f"{a['step_ms']:.1f} / {b['step_ms']:.1f} ms; prefill {a['prefill_ms']} / {b['prefill_ms']} ms",
-                          style="dim")
-    if len(pairs) > 1:
-        pooled = [{k: statistics.median(x[k] for x in side) for k in ("verify_ms", "draft_ms_per_token", "tokens_per_s")}
-                  for side in zip(*pairs)]
-        table.add_row("median", *_cells(*pooled), style="bold")
-    console.print(table)
+            found = {"run": headless(run_args, os.path.join(tmp, f"run{r}"))}
+            for mode in modes:
+                found[mode] = drivers[mode](run_args, os.path.join(tmp, f"{mode}{r}"))
+            rounds.append(found)
+            console.print(f"round {r + 1}: " + "; ".join(
+                f"{side} {m['steps']} steps, median step {m['step_ms']:.1f} ms, prefill {m['prefill_ms']} ms, "
+                f"load {m['load']:.2f}" for side, m in found.items()), style="dim")
+    for mode in modes:
+        console.print(_table(mode, rounds))
     return 0
+
+
+KEYS = ("verify_ms", "draft_ms_per_token", "tokens_per_s")
+
+
+def _table(mode: str, rounds: list[dict]) -> Table:
+    where = "under Pilot (no screen)" if mode == "pilot" else "in tmux (a real terminal)"
+    table = Table(title=f"headless `specview run` against the TUI {where}: medians per step", title_justify="left")
+    for col in ("round", "verify ms run", "verify ms TUI", "TUI/run", "draft ms/token run", "draft ms/token TUI",
+                "TUI/run", "tokens/s run", "tokens/s TUI", "TUI/run", "ui ms cpu/step", "load"):
+        table.add_column(col, justify="right")
+    for r, found in enumerate(rounds):
+        a, b = found["run"], found[mode]
+        table.add_row(str(r + 1), *_cells(a, b), _ms(b["ui_cpu_ms"]), f"{b['load']:.2f}")
+    if len(rounds) > 1:
+        pooled = [{k: _median([f[side][k] for f in rounds]) for k in KEYS} for side in ("run", mode)]
+        ratios = {k: _median([f[mode][k] / f["run"][k] for f in rounds if f[mode][k] and f["run"][k]]) for k in KEYS}
+        ui = [f[mode]["ui_cpu_ms"] for f in rounds if f[mode]["ui_cpu_ms"] is not None]
+        cells = _cells(*pooled)
+        for i, k in enumerate(KEYS):  # the median of the rounds' ratios, not the ratio of the medians
+            cells[3 * i + 2] = _ms(ratios[k], "{:.3f}")
+        table.add_row("median", *cells, _ms(_median(ui)),
+                      f"{statistics.median(f[mode]['load'] for f in rounds):.2f}", style="bold")
+    return table
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _ms(value: float | None, form: str = "{:.1f}") -> str:
+    return "n/a" if value is None else form.format(value)
 
 
 def _cells(a: dict, b: dict) -> list[str]:
     out = []
-    for key in ("verify_ms", "draft_ms_per_token", "tokens_per_s"):
+    for key in KEYS:
         x, y = a[key], b[key]
-        out += [f"{x:.2f}", f"{y:.2f}", f"{y / x:.3f}" if x and y else "n/a"]
+        out += [_ms(x, "{:.2f}"), _ms(y, "{:.2f}"), f"{y / x:.3f}" if x and y else "n/a"]
     return out
 
 
