@@ -37,8 +37,9 @@ class StatusLine(Widget):
         self.status = Status()
 
     def show(self, status: Status) -> None:
-        self.status = status
-        self.refresh()
+        if status != self.status:
+            self.status = status
+            self.refresh()
 
     def render(self) -> Text:
         s = self.status
