@@ -3,14 +3,16 @@ the resampled token and the residual's top candidates, or the bonus token."""
 
 from __future__ import annotations
 
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
-from textual.containers import Horizontal
 from textual.widgets import Static
 
 from specview.palette import ACCEPT_STYLE, ORIGIN_STYLES, REJECT_STYLE
+from specview.tui.grid import Column, Grid, beside
 from specview.tui.render import fmt, visible
 from specview.tui.views import StepView
+from specview.tui.widgets.panel import unchanged
 
 CELL = 9  # token text cells per position
 VERDICT = 32  # cells kept for the verdict beside the table (resampled token, residual top), padding included
@@ -24,45 +26,67 @@ def _ratio(p: float, q: float) -> str:
     return f"{v:.2f}" if v < 100 else ">99"
 
 
-class BlockView(Horizontal):
+class BlockView(Static):
+    """One widget, its size fixed by the layout: a new step redraws it without laying the screen out again
+    (the table's width changes with the tokens' widths, and a Static of that width would ask for a layout,
+    twice, every step)."""
+
     DEFAULT_CSS = """
     BlockView { border: round $primary-darken-1; height: auto; }
-    BlockView > #cells { width: auto; max-width: 1fr; }
-    BlockView > #verdict { width: 1fr; min-width: 32; padding: 0 0 0 2; }
     """
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.border_title = "block"
-        self.cells = Static(id="cells")
-        self.verdict = Static(id="verdict")
-
-    def compose(self):
-        yield self.cells
-        yield self.verdict
+        self.border_title = self._title = "block"
+        self._subtitle = ""
+        self._shown: tuple | None = None  # what the block was last drawn from (panel.unchanged)
 
     def show(self, view: StepView | None, number: int, total: int, greedy: bool, compact: bool = False) -> None:
-        """`compact` (short screens): no position header, no id row."""
-        self._shown = (view, number, total, greedy, compact)
+        """`compact` (short screens): no position header, no id row. Drawn again only if any of it (or the
+        width, which decides the positions that fit) changed."""
+        key = (view, number, total, greedy, compact, self.size.width)
+        if unchanged(key, self._shown):
+            return
+        self._shown = key
         if view is None:
-            self.border_title = "block"
-            self.border_subtitle = ""
-            self.cells.update(Text("press space to draft and verify one block", style="dim"))
-            self.verdict.update("")
+            self._titles("block", "")
+            self._draw(Text("press space to draft and verify one block", style="dim"), Text(""))
             return
         s = view.step
-        self.border_title = f"block · step {number}/{total}" if number != total else f"block · step {number}"
         sub = f"K {s.k}" + (f" (drafted {len(s.drafted)})" if len(s.drafted) != s.k else "")
         positions = self._window(s)
         if len(positions) < len(s.drafted):
             sub += f" · positions {positions[0] + 1}-{positions[-1] + 1} of {len(s.drafted)}"
-        self.border_subtitle = f"{sub} · {s.wall_ms:.1f} ms"
-        self.cells.update(self._table(view, greedy, compact, positions))
-        self.verdict.update(self._verdict(view, greedy))
+        self._titles(f"block · step {number}/{total}" if number != total else f"block · step {number}",
+                     f"{sub} · {s.wall_ms:.1f} ms")
+        self._draw(self._table(view, greedy, compact, positions), self._verdict(view, greedy))
+
+    def _draw(self, cells: Grid | Text, verdict: Text) -> None:
+        """The table at its own width, the verdict beside it (2 cells in) over the rest, at least VERDICT."""
+        width = self.size.width
+        if isinstance(cells, Grid):
+            lines = cells.lines(width)
+            drawn = beside(lines, lines[0].cell_len if lines else 0, verdict, 2, width) if lines else None
+            if drawn is not None:
+                self.update(drawn, layout=not width)  # the size is the layout's (tcss): never the content's
+                return
+            cells = cells.rich()  # a cell or a line that rich must cut or wrap
+        grid = Table.grid(expand=True)
+        grid.add_column(no_wrap=True)
+        grid.add_column(ratio=1, min_width=VERDICT)
+        grid.add_row(cells, Padding(verdict, (0, 0, 0, 2)))
+        self.update(grid, layout=not width)
+
+    def _titles(self, title: str, subtitle: str) -> None:
+        """Set the border's titles that changed (setting one repaints the widget, changed or not)."""
+        if title != self._title:
+            self.border_title = self._title = title
+        if subtitle != self._subtitle:
+            self.border_subtitle = self._subtitle = subtitle
 
     def on_resize(self) -> None:
-        if getattr(self, "_shown", None):
-            self.show(*self._shown)  # the positions that fit depend on the width
+        if self._shown:
+            self.show(*self._shown[:5])  # the positions that fit depend on the width
 
     def _window(self, s) -> list[int]:
         """The positions that fit beside the verdict; for a wide block, those up to the rejection."""
@@ -74,14 +98,13 @@ class BlockView(Horizontal):
         start = max(0, min(focus - fit + 2, n - fit))
         return list(range(start, start + fit))
 
-    def _table(self, view: StepView, greedy: bool, compact: bool, positions: list[int]) -> Table:
+    def _table(self, view: StepView, greedy: bool, compact: bool, positions: list[int]) -> Grid:
         s = view.step
-        table = Table(box=None, show_header=not compact, header_style="bold", pad_edge=False, padding=(0, 1))
-        table.add_column("pos", style="dim", no_wrap=True, min_width=10 if greedy else 5)
-        for i in positions:
-            table.add_column(str(i + 1), justify="right", no_wrap=True, max_width=CELL)
+        columns = [Column("pos", style="dim", min_width=10 if greedy else 5)]
+        columns += [Column(str(i + 1), justify="right", max_width=CELL) for i in positions]
         if not s.drafted:
-            table.add_column("")
+            columns.append(Column(""))
+        table = Grid(columns, show_header=not compact)
         columns = []
         for i in positions:
             tok = s.drafted[i]

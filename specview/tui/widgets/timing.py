@@ -8,6 +8,7 @@ from rich.text import Text
 
 from specview.events import StepResult
 from specview.phases import FORWARD_PHASES, PHASE_ROWS
+from specview.tui.grid import Column, Grid, Lines
 from specview.tui.render import bar, fmt
 from specview.tui.stats import LiveStats
 from specview.tui.widgets.panel import StatsPanel
@@ -21,13 +22,16 @@ class TimingPanel(StatsPanel):
     TITLE = "time per step (ms)"
     SUBTITLE = "this step / mean"
 
-    def show(self, stats: LiveStats, **extra) -> None:
-        cost = stats.ui_cpu_per_step  # what drawing costs the viewer, said where the timings are
-        self.border_subtitle = self.SUBTITLE + (f" · ui {cost:.1f} ms cpu/step" if cost is not None else "")
-        super().show(stats, **extra)
     step: StepResult | None = None  # the step on view (its column is "last", or the browsed step)
 
-    def render(self) -> Table | Text:
+    def show(self, stats: LiveStats, **extra) -> None:
+        cost = stats.ui_cpu_per_step  # what drawing costs the viewer, said where the timings are
+        subtitle = self.SUBTITLE + (f" · ui {cost:.1f} ms cpu/step" if cost is not None else "")
+        if subtitle != getattr(self, "_subtitle", self.SUBTITLE):  # (setting it repaints, changed or not)
+            self.border_subtitle = self._subtitle = subtitle
+        super().show(stats, **extra)
+
+    def render(self) -> Lines | Table | Text:
         st, s = self.stats, self.step
         if s is None:
             return Text("no steps yet", style="dim")
@@ -40,14 +44,11 @@ class TimingPanel(StatsPanel):
             return self._table(st, s, mean_wall, split, floors)
         return self._compact(st, s)
 
-    def _table(self, st: LiveStats, s: StepResult, mean_wall: float, split: bool, floors: dict) -> Table:
+    def _table(self, st: LiveStats, s: StepResult, mean_wall: float, split: bool, floors: dict) -> Lines | Table:
         """`split`: layernorm also per model (draft forwards / verify forwards); `floors`: a line per model,
         its mean forward against its memory floor (the roofline)."""
-        table = Table(box=None, pad_edge=False, padding=(0, 1), header_style="bold", expand=True)
-        table.add_column("phase", no_wrap=True)
-        table.add_column("step", justify="right", no_wrap=True)
-        table.add_column("mean", justify="right", no_wrap=True)
-        table.add_column("share", ratio=1, no_wrap=True)
+        table = Grid([Column("phase"), Column("step", justify="right"), Column("mean", justify="right"),
+                      Column("share", ratio=1)], expand=True)
         bar_width = max(4, self.size.width - 30)
         for name in PHASE_ROWS:
             mean = st.phase_mean(name)
@@ -68,7 +69,8 @@ class TimingPanel(StatsPanel):
             table.add_row(Text(f"{role} fwd", style="magenta"), fmt(last, "{:.1f}"), fmt(fig["ms"], "{:.1f}"),
                           Text(f"floor {fig['floor_ms']:.1f} ms · {fmt(fig['share'], '{:.0%}')} of bandwidth",
                                style="magenta"))
-        return table
+        lines = table.lines(self.size.width)
+        return Lines(lines, self.size.width) if lines is not None else table.rich()
 
     def _compact(self, st: LiveStats, s: StepResult) -> Text:
         """Short screens: `phase step/mean` entries in as many columns as fit."""
