@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--terminal", choices=("both", "pilot", "tmux"), default="both",
                    help="how the TUI runs: under Pilot (no screen), in a tmux pane (a real terminal), or both "
                         "(the default; Pilot only when tmux is missing)")
+    p.add_argument("--keep", metavar="DIR", help="keep the profiles in DIR (default: a temporary folder)")
     args, run_args = p.parse_known_args(argv)
     modes = {"pilot": ["pilot"], "tmux": ["tmux"], "both": ["pilot", "tmux"]}[args.terminal]
     if "tmux" in modes and shutil.which("tmux") is None:
@@ -175,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"CPU: {cpu_flags()}, {os.cpu_count()} cores; run options: {shlex.join(run_args) or '(defaults)'}; "
                   f"TUI at {SIZE[0]}x{SIZE[1]}", style="dim")
     rounds = []  # per round: {"run": medians, "pilot": medians, "tmux": medians}
-    with tempfile.TemporaryDirectory(prefix="specview-fidelity-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="specview-fidelity-") as scratch:
+        tmp = args.keep or scratch
         for r in range(args.rounds):
             found = {"run": headless(run_args, os.path.join(tmp, f"run{r}"))}
             for mode in modes:
