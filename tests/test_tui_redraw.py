@@ -231,3 +231,23 @@ def test_the_block_draws_what_rich_draws():
             assert [merged(line) for line in rich_lines(fast, width)] == \
                    [merged(line) for line in rich_lines(reference, width)]
     assert fast_ones >= 3 * len(views)
+
+
+@pytest.mark.asyncio
+async def test_a_text_that_outgrows_the_panel_still_scrolls_to_its_end():
+    """The text fills the panel (no layout while it grows inside it); past it, it grows and scrolls."""
+    info, views = recorded()
+    panel = TokenText()
+    async with OneWidget(panel).run_test(size=(40, 8)) as pilot:
+        panel.show(info, views[:1], 0, True)
+        await pilot.pause()
+        assert panel.max_scroll_y == 0 and panel.body.size.height == panel.scrollable_content_region.height
+        for i in range(2, len(views) + 1):
+            panel.show(info, views[:i], i - 1, True)
+            await pilot.pause()
+        await pilot.pause()
+        assert panel.max_scroll_y > 0 and panel.scroll_y == panel.max_scroll_y  # live: the newest step in view
+        panel.show(info, views, 0, False)  # browsing back to the first step brings it into view
+        await pilot.pause()
+        await pilot.pause()
+        assert panel.scroll_y == 0

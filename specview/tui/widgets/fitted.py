@@ -11,8 +11,11 @@ from textual.widgets import Static
 
 
 class Fitted(Static):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, fill: bool = False, **kwargs):
+        """`fill`: the widget is at least as tall as its container (CSS `min-height: 100%`), so content that
+        grows within that height changes no size."""
         super().__init__(*args, **kwargs)
+        self.fill = fill
         self._fit: tuple[int | None, int | None] | None = None  # the auto width and height last laid out
 
     def show(self, content: VisualType) -> None:
@@ -32,4 +35,6 @@ class Fitted(Static):
         width = self.get_content_width(container, viewport) if styles.width and styles.width.is_auto else None
         height = (self.get_content_height(container, viewport, self.content_size.width)
                   if styles.height and styles.height.is_auto else None)
+        if height is not None and self.fill:
+            height = max(height, container.height)
         return width, height

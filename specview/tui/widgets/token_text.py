@@ -31,14 +31,14 @@ class TokenText(VerticalScroll, can_focus=False):
 
     DEFAULT_CSS = """
     TokenText { border: round $primary-darken-1; padding: 0 1; }
-    TokenText > Static { width: 1fr; }
+    TokenText > Static { width: 1fr; min-height: 100%; }
     """
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.border_title = self._title = "text"
         self.border_subtitle = "prompt · " + legend_markup()
-        self.body = Fitted()  # (laid out again only when the text gains a line)
+        self.body = Fitted(fill=True)  # (laid out again only when the text outgrows the panel)
         self.text = Text()  # what is on screen (tests read its spans)
         self._info: SessionInfo | None = None  # the session the text was drawn for
         self._views: list[StepView] = []  # the steps drawn, in order (the app's own objects)
