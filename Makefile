@@ -52,7 +52,8 @@ bench-copy: install
 eval: install
 	.venv/bin/specview eval --json profiles/eval.json $(ARGS)
 
-# The TUI's timings against a headless run of the same settings (issue: measure without disturbing).
+# The TUI's timings against a headless run of the same settings (issue: measure without disturbing): the TUI under
+# Pilot and in a real terminal (a tmux pane of 120x40; Pilot only without tmux), three sittings; ARGS=--terminal tmux.
 fidelity: install
 	$(PY) -m specview.tui.fidelity --rounds 3 --threads 1 $(ARGS)
 

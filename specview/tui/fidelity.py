@@ -167,12 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", metavar="DIR", help="keep the profiles in DIR (default: a temporary folder)")
     args, run_args = p.parse_known_args(argv)
     modes = {"pilot": ["pilot"], "tmux": ["tmux"], "both": ["pilot", "tmux"]}[args.terminal]
+    console = Console(width=max(Console().width, 150))
     if "tmux" in modes and shutil.which("tmux") is None:
         if args.terminal == "tmux":
             p.error("tmux is not installed (apt-get install tmux)")
+        console.print("tmux is not installed: the TUI under Pilot only (apt-get install tmux for a real terminal)",
+                      style="yellow")
         modes = ["pilot"]
     drivers = {"pilot": pilot, "tmux": terminal}
-    console = Console(width=max(Console().width, 150))
     console.print(f"CPU: {cpu_flags()}, {os.cpu_count()} cores; run options: {shlex.join(run_args) or '(defaults)'}; "
                   f"TUI at {SIZE[0]}x{SIZE[1]}", style="dim")
     rounds = []  # per round: {"run": medians, "pilot": medians, "tmux": medians}
