@@ -148,6 +148,38 @@ def terminal(run_args: list[str], folder: str) -> dict:
     return {**medians(newest(folder)), "ui_cpu_ms": float(found.group(1)) if found else None}
 
 
+def replayed(recording: str, pace: float) -> float | None:
+    """The TUI's own CPU per step in tmux over a recorded run (tui/replay.py) replayed at `pace` seconds a
+    step, no engine: what drawing costs when every step is drawn (steps of 0.25 s or more)."""
+    app = Tmux([sys.executable, "-m", "specview.tui.fidelity", "--play", recording, "--pace", str(pace)])
+    try:
+        app.wait_for("paused")
+        app.press("r")
+        found = UI_CPU.search(app.wait_for("ended"))
+        app.press("q")
+        deadline = time.monotonic() + TIMEOUT_S
+        while app.alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        app.close()
+    return float(found.group(1)) if found else None
+
+
+def play(recording: str, pace: float) -> int:
+    """The app in this terminal on a recording, a step every `pace` seconds (what `replayed` watches)."""
+    from specview.tui.app import SpecviewApp
+    from specview.tui.replay import ReplayBackend
+
+    class Paced(ReplayBackend):
+        def step(self):
+            time.sleep(pace)  # the engine's step, without its CPU
+            return super().step()
+
+    with open(recording) as f:
+        SpecviewApp(Paced(json.load(f))).run()
+    return 0
+
+
 def cpu_flags() -> str:
     """The vector extensions of this CPU that the forwards use (AVX2, AVX-512), for the record."""
     try:
@@ -165,7 +197,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="how the TUI runs: under Pilot (no screen), in a tmux pane (a real terminal), or both "
                         "(the default; Pilot only when tmux is missing)")
     p.add_argument("--keep", metavar="DIR", help="keep the profiles in DIR (default: a temporary folder)")
+    p.add_argument("--replay", metavar="FILE", help="instead: the TUI's ui cpu/step in tmux over a recording "
+                   "(e.g. tests/tui_recording.json) replayed a step every --pace seconds, each step drawn")
+    p.add_argument("--pace", type=float, default=0.25, help="seconds a replayed step takes (default 0.25)")
+    p.add_argument("--play", metavar="FILE", help=argparse.SUPPRESS)  # (the app --replay runs in tmux)
     args, run_args = p.parse_known_args(argv)
+    if args.play:
+        return play(args.play, args.pace)
+    if args.replay:
+        if shutil.which("tmux") is None:
+            p.error("--replay needs tmux (apt-get install tmux)")
+        for r in range(args.rounds):
+            ui = replayed(args.replay, args.pace)
+            print(f"round {r + 1}: ui {_ms(ui)} ms cpu/step over {args.replay} at {args.pace} s a step, "
+                  f"load {os.getloadavg()[0]:.2f}")
+        return 0
     modes = {"pilot": ["pilot"], "tmux": ["tmux"], "both": ["pilot", "tmux"]}[args.terminal]
     console = Console(width=max(Console().width, 150))
     if "tmux" in modes and shutil.which("tmux") is None:
