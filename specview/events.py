@@ -38,6 +38,8 @@ class StepResult:
     source: list[int] | None = None  # n-gram drafts: [start, end) of the copied span in the run's tokens
     drafter: str | None = None  # the drafter's spec, when a session has several
     position: int = 0  # tokens before this step (prompt + generated): the KV cache its forwards read
+    policy: str | None = None  # the draft-length policy (policies.py) of a speculative step
+    stopped_by: str | None = None  # why drafting stopped: "budget", "p-min" or "no-proposal"
     timing: object = field(default=None, repr=False, compare=False)  # timing.StepTiming; not in the JSON
 
     def origins(self) -> list[str]:
@@ -52,6 +54,9 @@ class StepResult:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "timing"}
         if d["drafter"] is None:
             del d["drafter"]  # only sessions with several drafters name it per step
+        for name in ("policy", "stopped_by"):
+            if d[name] is None:
+                del d[name]  # autoregressive steps have neither
         d["type"] = "step"
         return _clean(d)  # (_clean builds new lists and dicts: the record shares nothing with the step)
 

@@ -32,6 +32,19 @@ def number_type(kind, name: str, ok, rule: str):
     return parse
 
 
+def policy_type(text: str) -> str:
+    from specview.errors import SpecviewError
+    from specview.policies import parse_policy
+
+    try:
+        return parse_policy(text)
+    except SpecviewError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix(f"--draft-policy {text}: ")) from None
+
+
+policy_type.__name__ = "--draft-policy"
+
+
 def add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     # --target_model_name / --approx_model_name / --input / -v: the flags of the seed project
@@ -69,6 +82,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    type=number_type(int, "-N", lambda v: v >= 1, ">= 1"), help=f"tokens to generate (default {DEFAULTS.max_new_tokens})")
     g.add_argument("-K", "--K", dest="k", default=DEFAULTS.k, type=number_type(int, "-K", lambda v: v >= 1, ">= 1"),
                    help=f"tokens drafted per step (default {DEFAULTS.k})")
+    g.add_argument("--draft-policy", default=DEFAULTS.draft_policy, type=policy_type, metavar="POLICY",
+                   help="how many of the K tokens to draft each step: fixed (K, the default), p-min=X (stop at a "
+                        "draft token whose top probability is below X, as llama.cpp's --draft-p-min), heuristic "
+                        "(+2 after a block accepted whole, -1 otherwise, as transformers) or goodput (the budget "
+                        "with the most predicted tokens/s from this run's acceptance and costs); every policy "
+                        "keeps the output the target's")
     g.add_argument("--temperature", default=DEFAULTS.temperature, type=number_type(float, "--temperature", lambda v: v >= 0, ">= 0"),
                    help=f"0 = greedy for both models (default {DEFAULTS.temperature})")
     g.add_argument("--top-k", default=DEFAULTS.top_k, type=number_type(int, "--top-k", lambda v: v >= 0, ">= 0 (0 = off)"),

@@ -48,7 +48,7 @@ class Session:
         drafter = (drafter or (self.drafters[0] if self.drafters else None)) if method == "speculative" else None
         target = self.draft if method == "draft_autoregressive" else self.target
         return Decoder(target, drafter, s.sampling, k=s.k, seed=s.seed,
-                       timer=timer or PhaseTimer(self.device), ignore_eos=s.ignore_eos)
+                       timer=timer or PhaseTimer(self.device), ignore_eos=s.ignore_eos, policy=s.draft_policy)
 
     def meta(self) -> dict:
         """Config, seed, versions, device, cpu, threads: what a profile or bench file records."""

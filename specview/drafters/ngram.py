@@ -60,7 +60,8 @@ class NgramDrafter:
     def prefill(self, dec, state, head: list[int]) -> None:
         pass
 
-    def propose(self, dec, state, tokens: list[int], k: int) -> Proposal:
+    def propose(self, dec, state, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
+        """A lookup's proposal is certain (q one-hot, top probability 1): a p-min cut never stops it."""
         with dec.timer.phase("draft"):
             found = lookup(tokens, k, self.max_n, self.min_n)
             ids = found[1] if found else []
