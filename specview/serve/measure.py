@@ -139,14 +139,13 @@ def overhead(options: list[str], rounds: int, n: int) -> dict:
 
 
 def bookkeeping(options: list[str], n: int) -> dict:
+    from specview.backend.views import StepView, step_record
     from specview.detok import token_texts
     from specview.options import build_run_parser
     from specview.profiling.recorder import ProfileRecorder
     from specview.serve.metrics import ServeMetrics
-    from specview.service import step_record
     from specview.session import open_session
     from specview.settings import Settings
-    from specview.tui.views import StepView
 
     settings = Settings.from_args(build_run_parser().parse_args(options))
     session = open_session(settings)

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from specview.backend.views import StepView, step_record
 from specview.detok import token_texts
 from specview.engine import Run, eos_token_ids
 from specview.errors import SpecviewError
@@ -29,10 +30,8 @@ from specview.runner import start_event
 from specview.serve.hub import EventHub
 from specview.serve.metrics import ServeMetrics
 from specview.serve.schema import ApiError
-from specview.service import step_record
 from specview.session import Session, check_context, encode_prompt
 from specview.stopping import Stop
-from specview.tui.views import StepView
 
 SHUTTING_DOWN = "the server is shutting down"
 
