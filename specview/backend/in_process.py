@@ -26,7 +26,8 @@ class EngineBackend(Backend):
 
     def load(self, on_progress):
         from specview.profiling.recorder import ProfileRecorder
-        from specview.session import open_session, time_target_token
+        from specview.profiling.t_ar import time_target_token
+        from specview.session import open_session
 
         t0 = time.perf_counter()
         session = open_session(self.settings, on_progress)

@@ -115,7 +115,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve_command(args) -> int:
-    from specview.session import time_target_token
+    from specview.profiling.t_ar import time_target_token
 
     settings = Settings.from_args(args)
     profile_dir = args.profile_dir or settings.profile_dir
