@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import time
 
+from specview.documents import EVAL_SCHEMA, load
 from specview.errors import SpecviewError
 from specview.eval.prompts import Prompt, digest
 from specview.eval.summary import AUTOREGRESSIVE, summarize
 from specview.events import _clean
 from specview.settings import Settings
 
-EVAL_SCHEMA = "specview.eval/1"
 # Settings a resumed eval must share with its file: each changes the tokens or the timings. (profile_dir,
 # cache and the prompt set's path do not: the set is compared by its digest, so a moved file still resumes.)
 RESUME_FIELDS = ("target", "draft", "max_new_tokens", "k", "temperature", "top_k", "top_p", "seed", "ignore_eos",
@@ -41,8 +41,6 @@ def check_resume(path: str, old: dict, new: dict, fields=RESUME_FIELDS) -> None:
 
 def load_resume(path: str, config: dict) -> dict:
     """The document to continue, checked against this eval's config (before any model loads)."""
-    from specview.report import load
-
     _, doc = load(path)
     if doc["schema"] != EVAL_SCHEMA:
         raise SpecviewError(f"--resume {path} is a {doc['schema']} file, not an eval ({EVAL_SCHEMA})")

@@ -26,6 +26,7 @@ import os
 import re
 import time
 
+from specview.documents import PROFILE_SCHEMA
 from specview.errors import SpecviewError
 from specview.events import StepResult
 from specview.files import ensure_writable_dir, write_json_atomic
@@ -37,7 +38,7 @@ from specview.profiling.export import (
     synthetic_timing,
 )
 from specview.profiling.hooks import NormHooks
-from specview.profiling.profile import PROFILE_SCHEMA, summarize
+from specview.profiling.profile import summarize
 from specview.profiling.roofline import session_roofline
 from specview.timing import PhaseTimer
 
