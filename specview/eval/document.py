@@ -10,7 +10,7 @@ from specview.documents import EVAL_SCHEMA, load
 from specview.errors import SpecviewError
 from specview.eval.prompts import Prompt, digest
 from specview.eval.summary import AUTOREGRESSIVE, summarize
-from specview.events import _clean
+from specview.events import nonfinite_to_none
 from specview.settings import Settings
 
 # Settings a resumed eval must share with its file: each changes the tokens or the timings. (profile_dir,
@@ -86,7 +86,7 @@ def result_record(prompt: Prompt, drafter: str | None, record, reference: list[i
 
         check = same_tokens(reference, record.generated_ids)
         same, first = check["same"], check["first_difference"]
-    return _clean({
+    return nonfinite_to_none({
         "prompt_id": prompt.id, "category": prompt.category,
         "method": "speculative" if speculative else AUTOREGRESSIVE, "drafter": drafter,
         "tokens": record.tokens, "steps": s.steps, "wall_s": record.wall_s, "prefill_ms": s.prefill_ms,
@@ -104,4 +104,4 @@ def build_doc(config: dict, prompts: list[dict], results: list[dict], meta: dict
     doc["complete"] = all(p["id"] in done for p in prompts)
     doc["interrupted"] = interrupted
     doc["meta"] = meta
-    return _clean(doc)
+    return nonfinite_to_none(doc)
