@@ -7,7 +7,7 @@ the record and the job gets (that number, record), so a client whose /generate s
 up on /events after the last number it saw. Between two steps it looks at two flags: the job's
 `cancelled` (its client went away) and the server's Stop (SIGINT/SIGTERM: stopping.py). On a stop the
 request in flight ends after its step (stop_reason "interrupted"), the waiting ones are answered 503,
-and the session's profile (every step of every request) is written."""
+and the session's profile (the newest --profile-max-steps steps of all requests) is written."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import math
 import queue
 import threading
 import time
+from collections import deque
 
 import torch
 
@@ -58,7 +59,7 @@ def error_record(err: ApiError) -> dict:
 
 class EngineWorker:
     def __init__(self, session: Session, metrics: ServeMetrics, hub: EventHub, *, queue_size: int, cap: int,
-                 profile_dir: str, stop: Stop | None = None):
+                 profile_dir: str, stop: Stop | None = None, profile_max_steps: int | None = None):
         self.session = session
         self.metrics = metrics
         self.hub = hub
@@ -67,15 +68,16 @@ class EngineWorker:
         self.stop = stop or Stop()
         self.jobs: queue.Queue = queue.Queue()  # bounded by submit(): the sentinel of a stop always fits
         self.ids = itertools.count()
-        self.recorder = ProfileRecorder(session, "speculative", profile_dir)
+        self.recorder = ProfileRecorder(session, "speculative", profile_dir, max_steps=profile_max_steps)
         self.decoders: dict[str, object] = {}  # drafter spec (or "autoregressive") -> its Decoder
         self.drafters = {d.spec: d for d in session.drafters}
         self.eos_ids = eos_token_ids(session.target)
         # No seed in a request: draws continue on this generator, seeded once (runs follow each other).
         self.generator = torch.Generator(device=session.device).manual_seed(session.settings.seed)
-        self.summaries: list = []
+        self.summaries: deque = deque()  # the runs that still have steps in the profile (its prefills, stop reasons)
         self.running: Job | None = None
         self.mean_latency_s = 0.0
+        self.served = 0  # requests run to their end
         self.profile_path: str | None = None
         self.profile_error: str | None = None
         self.finished = threading.Event()
@@ -235,8 +237,12 @@ class EngineWorker:
             run.summary.stop_reason = "cancelled" if job.cancelled.is_set() else "interrupted"
         run.summary.text = decode(run.generated)
         self.summaries.append(run.summary)
+        records = self.recorder.records
+        while self.recorder.dropped and self.summaries and records and self.summaries[0].run < records[0].step["run"]:
+            self.summaries.popleft()  # none of its steps is left in the profile: let its summary go too
+        self.served += 1
         latency = time.perf_counter() - job.queued_at
-        self.mean_latency_s += (latency - self.mean_latency_s) / len(self.summaries)
+        self.mean_latency_s += (latency - self.mean_latency_s) / self.served
         self.metrics.finished(run.summary.stop_reason, latency)
         end = run.summary.to_json()
         end["request"] = job.id
