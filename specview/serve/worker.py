@@ -7,11 +7,17 @@ the record and the job gets (that number, record), so a client whose /generate s
 up on /events after the last number it saw. Between two steps it looks at two flags: the job's
 `cancelled` (its client went away) and the server's Stop (SIGINT/SIGTERM: stopping.py). On a stop the
 request in flight ends after its step (stop_reason "interrupted"), the waiting ones are answered 503,
-and the session's profile (the newest --profile-max-steps steps of all requests) is written."""
+and the session's profile (the newest --profile-max-steps steps of all requests) is written.
+
+A request is checked whole on arrival (submit(), on the loop's thread), before it queues: its settings,
+its prompt's tokens (with the loop thread's own copy of the tokenizer: a Rust tokenizer refuses use from
+two threads at once) against the context, and a chat template if it asks for one. What the engine thread
+takes from the queue can run."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import itertools
 import math
@@ -40,9 +46,11 @@ SHUTTING_DOWN = "the server is shutting down"
 class Job:
     """One request: what it asked for, where its records go, and its cancel flag."""
 
-    def __init__(self, ident: int, request, loop: asyncio.AbstractEventLoop):
+    def __init__(self, ident: int, request, loop: asyncio.AbstractEventLoop, settings=None, draft: str | None = None,
+                 prompt_ids: list[int] | None = None):
         self.id = ident
         self.request = request
+        self.settings, self.draft, self.prompt_ids = settings, draft, prompt_ids  # resolved and checked on arrival
         self.loop = loop
         self.records: asyncio.Queue = asyncio.Queue()  # made on the loop's thread, read there
         self.cancelled = threading.Event()
@@ -69,6 +77,7 @@ class EngineWorker:
         self.jobs: queue.Queue = queue.Queue()  # bounded by submit(): the sentinel of a stop always fits
         self.ids = itertools.count()
         self.recorder = ProfileRecorder(session, "speculative", profile_dir, max_steps=profile_max_steps)
+        self.tokenizer = copy.deepcopy(session.target.tokenizer)  # the loop thread's own (submit())
         self.decoders: dict[str, object] = {}  # drafter spec (or "autoregressive") -> its Decoder
         self.drafters = {d.spec: d for d in session.drafters}
         self.eos_ids = eos_token_ids(session.target)
@@ -95,6 +104,8 @@ class EngineWorker:
                            "draft")
         if request.method == "speculative" and not self.drafters:
             raise ApiError(400, "this server loaded no drafter: use method autoregressive", "method")
+        settings, draft = self._settings(request)
+        prompt_ids = self._admit(settings, draft)  # 422 now, not when its turn comes
         if self.stop:
             raise ApiError(503, SHUTTING_DOWN)
         waiting = self.jobs.qsize()
@@ -102,10 +113,25 @@ class EngineWorker:
             # A guess at when a place frees up: the requests ahead, at the mean time of one.
             retry = max(1, math.ceil(self.mean_latency_s * (waiting + 1) / 2))
             raise ApiError(503, f"the queue is full ({waiting} waiting); retry later", headers={"Retry-After": str(retry)})
-        job = Job(next(self.ids), request, loop)
+        job = Job(next(self.ids), request, loop, settings, draft, prompt_ids)
         self.jobs.put(job)
         self.metrics.waiting.set(self.jobs.qsize())
         return job
+
+    def _admit(self, settings, draft: str | None) -> list[int]:
+        """The request's prompt ids, or ApiError 422 naming the field: no chat template, an empty prompt with no
+        BOS to start from, prompt + N past the context of the target or of the request's draft model."""
+        try:
+            prompt_ids = encode_prompt(self.tokenizer, settings.prompt, settings.chat)
+        except SpecviewError as err:
+            raise ApiError(422, str(err).replace("--chat", "chat").replace("give --prompt", "give a prompt"),
+                           "chat" if settings.chat else "prompt") from None
+        draft_model = getattr(self.drafters[draft], "lm", None) if draft else None
+        try:
+            check_context([self.session.target, draft_model], len(prompt_ids), settings.max_new_tokens)
+        except SpecviewError as err:
+            raise ApiError(422, str(err).replace("-N", "max_new_tokens"), "max_new_tokens") from None
+        return prompt_ids
 
     def request_stop(self, reason: str = "requested") -> None:
         """Stop after the step in flight (any thread; a signal handler calls it through the loop)."""
@@ -167,8 +193,6 @@ class EngineWorker:
         self.metrics.running.set(1)
         try:
             self._run(job)
-        except ApiError as err:  # found once it ran: the prompt's tokens, the context (the app counts it)
-            self._send(job, error_record(err), publish=False)
         except Exception as err:  # noqa: BLE001 - one failed request must not end the server
             self.metrics.requests.labels("error").inc()
             record = {"type": "error", "status": 500, "error": f"{type(err).__name__}: {err}", "field": None,
@@ -199,18 +223,9 @@ class EngineWorker:
 
     def _run(self, job: Job) -> None:
         session, r = self.session, job.request
-        settings, draft = self._settings(r)
+        settings, draft, prompt_ids = job.settings, job.draft, job.prompt_ids
         tokenizer = session.target.tokenizer
-        try:
-            prompt_ids = encode_prompt(tokenizer, settings.prompt, settings.chat)
-        except SpecviewError as err:
-            raise ApiError(422, str(err).replace("--chat", "chat").replace("give --prompt", "give a prompt"),
-                           "chat" if settings.chat else "prompt") from None
         decoder = self._decoder(draft)
-        try:
-            check_context([session.target, decoder.draft], len(prompt_ids), settings.max_new_tokens)
-        except SpecviewError as err:
-            raise ApiError(422, str(err).replace("-N", "max_new_tokens"), "max_new_tokens") from None
         # One decoder per drafter, set up for this request: sampling, K, EOS and the random stream.
         decoder.sampling, decoder.k = settings.sampling, settings.k
         decoder.eos_ids = set() if settings.ignore_eos else self.eos_ids
