@@ -6,8 +6,10 @@ not when its turn comes. Each test waits for something it can observe, with gene
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlparse
 
 import httpx
 import pytest
@@ -37,6 +39,62 @@ def gated_steps(monkeypatch):
     monkeypatch.setattr(Run, "step", gated)
     yield gate
     gate.set()
+
+
+def post_raw(url: str, body: dict) -> socket.socket:
+    """POST /generate (not streamed) on a bare socket, so the test decides when the connection closes."""
+    where = urlparse(url)
+    sock = socket.create_connection((where.hostname, where.port), timeout=TIMEOUT)
+    data = json.dumps(body).encode()
+    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (where.netloc.encode(), len(data), data))
+    return sock
+
+
+def leave(sock: socket.socket) -> None:
+    sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+def test_a_client_that_leaves_before_its_answer_cancels_its_request(settings):
+    """Not streamed: the engine thread is held after the third step until the server has seen the client
+    leave, so the cancel lands exactly at that step boundary; the next request is answered as usual."""
+    with running_server(settings) as served, httpx.Client(base_url=served.url, timeout=TIMEOUT) as client:
+        send, holding = served.worker._send, threading.Event()
+
+        def send_then_hold(job, record, publish=True):
+            send(job, record, publish)
+            if record["type"] == "step" and record["step"] == 2 and job.request.max_new_tokens == 100:
+                holding.set()
+                job.cancelled.wait(TIMEOUT)  # what the engine thread does next depends only on the cancel
+
+        served.worker._send = send_then_hold
+        sock = post_raw(served.url, {"prompt": "w1 w2", "max_new_tokens": 100, "k": 1, "ignore_eos": True})
+        assert holding.wait(TIMEOUT), "the request never reached its third step"
+        leave(sock)
+        wait_for(lambda h: not h["running"], "the cancelled request to end", client)
+        [summary] = served.worker.summaries
+        assert summary.stop_reason == "cancelled" and summary.steps == 3
+        answer = client.post("/generate", json={"prompt": "w1 w2", "max_new_tokens": 5, "ignore_eos": True})
+        assert answer.status_code == 200 and len(answer.json()["generated_ids"]) == 5
+        page = client.get("/metrics").text
+        assert 'specview:request_success_total{finished_reason="cancelled"} 1.0' in page
+
+
+def test_a_client_that_leaves_while_its_request_waits_is_never_run(settings, gated_steps):
+    with running_server(settings) as served, httpx.Client(base_url=served.url, timeout=TIMEOUT) as client:
+        body = {"prompt": "w1", "max_new_tokens": 3, "ignore_eos": True}
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(client.post, "/generate", json=body)
+            wait_for(lambda h: h["running"], "the first request to run", client)
+            sock = post_raw(served.url, body)
+            wait_for(lambda h: h["queue"] == 1, "the second request to wait", client)
+            leave(sock)
+            wait_for(lambda h: h["queue"] == 0, "the waiting request to be cancelled", client)
+            gated_steps.set()
+            assert first.result(TIMEOUT).status_code == 200
+        assert client.post("/generate", json=body).json()["request"] == 2
+        assert [s.run for s in served.worker.summaries] == [0, 2]  # request 1 never ran
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])

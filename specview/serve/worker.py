@@ -140,7 +140,8 @@ class EngineWorker:
 
     @property
     def waiting(self) -> int:
-        return sum(1 for job in list(self.jobs.queue) if job is not None)
+        """Requests queued that will run (a cancelled one stays in the queue until the engine skips it)."""
+        return sum(1 for job in list(self.jobs.queue) if job is not None and not job.cancelled.is_set())
 
     def _deliver(self, job: Job, record: dict, publish: bool) -> None:
         """On the loop's thread: number the record in the hub (watchers get it) and hand it to the job."""
