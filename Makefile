@@ -32,7 +32,8 @@ STRESS_TESTS := tests/test_cli.py::test_signal_mid_step_finishes_the_step_then_s
 	tests/test_cli.py::test_real_signal_mid_run_still_ends_cleanly tests/test_tui_command.py tests/test_engine_process.py \
 	tests/test_tui.py::test_every_quit_key_writes_a_profile \
 	tests/test_tui.py::test_quit_during_a_step_in_flight_waits_for_it_and_exits \
-	tests/test_tui.py::test_e_exports_a_profile_and_quit_rewrites_it
+	tests/test_tui.py::test_e_exports_a_profile_and_quit_rewrites_it \
+	tests/test_eval.py::test_a_real_sigint_stops_after_the_current_prompt_then_resumes
 stress: install
 	python3 -c "while True: pass" & busy=$$!; log=$$(mktemp); trap "kill $$busy; rm -f $$log" EXIT; \
 	for i in $$(seq $(STRESS_N)); do \

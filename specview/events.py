@@ -58,7 +58,7 @@ class StepResult:
             if d[name] is None:
                 del d[name]  # autoregressive steps have neither
         d["type"] = "step"
-        return _clean(d)  # (_clean builds new lists and dicts: the record shares nothing with the step)
+        return nonfinite_to_none(d)  # (it builds new lists and dicts: the record shares nothing with the step)
 
 
 @dataclass
@@ -78,7 +78,7 @@ class RunSummary(Counts):
             self.stop_reason = s.stop_reason
 
     def to_json(self) -> dict:
-        return _clean(
+        return nonfinite_to_none(
             {
                 "type": "end",
                 "run": self.run,
@@ -106,12 +106,13 @@ def fmt(value, spec: str = "{:.2f}", missing: str = "n/a") -> str:
     return spec.format(value)
 
 
-def _clean(obj):
-    """JSON has no NaN or inf: a value that does not exist is null."""
+def nonfinite_to_none(obj):
+    """A copy of obj for JSON, with every NaN and inf (a value that does not exist) as None (null); tuples
+    become lists. JSON has no NaN: every document specview writes passes through here."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: nonfinite_to_none(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [nonfinite_to_none(v) for v in obj]
     return obj

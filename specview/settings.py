@@ -11,6 +11,7 @@ DEFAULT_TARGET = BUNDLED_ALIAS
 # A weight-only int4 copy of the target, chosen by measurement (README "Drafters"): the only bundled draft
 # that wins on a CPU (c ~0.45 against ~0.85 for the bfloat16 copy); it holds the target's own 4-bit codes.
 DEFAULT_DRAFT = BUNDLED_ALIAS + "@int4"
+K_MAX = 32  # the most drafts per step anywhere (the TUI's +, a request's k): wider blocks only waste draft forwards
 DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
 
 

@@ -1,5 +1,7 @@
-"""The bench file's identity: its schema name and the order methods are shown in."""
+"""The bench file's identity: its schema name (its home is documents.py, with the other files') and the order
+methods are shown in."""
 
-BENCH_SCHEMA = "specview.bench/1"
+from specview.documents import BENCH_SCHEMA  # noqa: F401 - bench's modules take it from here
+
 METHOD_ORDER = ("autoregressive", "speculative", "draft_autoregressive", "hf_generate", "hf_assisted",
                 "hf_prompt_lookup")  # then speculative:<spec> for each further drafter

@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import time
 
+from specview.documents import EVAL_SCHEMA, load
 from specview.errors import SpecviewError
 from specview.eval.prompts import Prompt, digest
 from specview.eval.summary import AUTOREGRESSIVE, summarize
-from specview.events import _clean
+from specview.events import nonfinite_to_none
 from specview.settings import Settings
 
-EVAL_SCHEMA = "specview.eval/1"
 # Settings a resumed eval must share with its file: each changes the tokens or the timings. (profile_dir,
 # cache and the prompt set's path do not: the set is compared by its digest, so a moved file still resumes.)
 RESUME_FIELDS = ("target", "draft", "max_new_tokens", "k", "temperature", "top_k", "top_p", "seed", "ignore_eos",
@@ -41,8 +41,6 @@ def check_resume(path: str, old: dict, new: dict, fields=RESUME_FIELDS) -> None:
 
 def load_resume(path: str, config: dict) -> dict:
     """The document to continue, checked against this eval's config (before any model loads)."""
-    from specview.report import load
-
     _, doc = load(path)
     if doc["schema"] != EVAL_SCHEMA:
         raise SpecviewError(f"--resume {path} is a {doc['schema']} file, not an eval ({EVAL_SCHEMA})")
@@ -88,7 +86,7 @@ def result_record(prompt: Prompt, drafter: str | None, record, reference: list[i
 
         check = same_tokens(reference, record.generated_ids)
         same, first = check["same"], check["first_difference"]
-    return _clean({
+    return nonfinite_to_none({
         "prompt_id": prompt.id, "category": prompt.category,
         "method": "speculative" if speculative else AUTOREGRESSIVE, "drafter": drafter,
         "tokens": record.tokens, "steps": s.steps, "wall_s": record.wall_s, "prefill_ms": s.prefill_ms,
@@ -106,4 +104,4 @@ def build_doc(config: dict, prompts: list[dict], results: list[dict], meta: dict
     doc["complete"] = all(p["id"] in done for p in prompts)
     doc["interrupted"] = interrupted
     doc["meta"] = meta
-    return _clean(doc)
+    return nonfinite_to_none(doc)

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-K_MAX = 32  # as the TUI's + key: wider blocks only waste draft forwards
+from specview.settings import K_MAX
 
 
 class ApiError(Exception):

@@ -50,7 +50,7 @@ def headless(run_args: list[str], folder: str) -> dict:
 
 
 def tui(run_args: list[str], folder: str) -> dict:
-    from specview.cli import build_tui_parser
+    from specview.options import build_tui_parser
     from specview.settings import Settings
     from specview.tui.app import SpecviewApp
     from specview.tui.process import ProcessBackend

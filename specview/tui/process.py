@@ -10,22 +10,14 @@ import os
 import subprocess
 import sys
 from collections import deque
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from threading import Thread
 
+from specview.backend.base import Backend
+from specview.backend.views import RunInfo, SessionInfo, StepView, step_view
 from specview.errors import SpecviewError
-from specview.events import StepResult
-from specview.tui.backend import Backend
-from specview.tui.views import RunInfo, SessionInfo, StepView
 
-_STEP_FIELDS = {f.name for f in fields(StepResult)}
 STDERR_LINES = 20  # the child's last stderr lines kept, to say why it died
-
-
-def step_view(record: dict) -> StepView:
-    """A stream step record back into what the widgets draw."""
-    step = StepResult(**{k: v for k, v in record.items() if k in _STEP_FIELDS})
-    return StepView(step, {int(i): t for i, t in record["texts"].items()}, record["prefill_ms"])
 
 
 class ProcessBackend(Backend):

@@ -8,9 +8,9 @@ from rich.text import Text
 from textual.containers import Horizontal
 from textual.widgets import Static
 
+from specview.backend.views import StepView
 from specview.palette import ACCEPT_STYLE, ORIGIN_STYLES, REJECT_STYLE
 from specview.tui.render import fmt, visible
-from specview.tui.views import StepView
 
 CELL = 9  # token text cells per position
 VERDICT = 32  # cells kept for the verdict beside the table (resampled token, residual top), padding included

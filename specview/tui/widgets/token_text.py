@@ -6,9 +6,9 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from specview.backend.views import SessionInfo, StepView
 from specview.palette import ORIGIN_STYLES, legend_markup
 from specview.tui.render import HIGHLIGHT, SOURCE
-from specview.tui.views import SessionInfo, StepView
 
 
 class TokenText(VerticalScroll, can_focus=False):

@@ -1,11 +1,14 @@
-"""What the engine side hands the app: plain dataclasses, built on the worker thread (no textual)."""
+"""What the engine side hands a viewer: plain dataclasses, built on the engine's thread, and their record in
+the engine stream (docs/design.md §10a): the records service.py writes, serve streams and the TUI reads."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from specview.events import StepResult
 from specview.settings import SamplingConfig
+
+_STEP_FIELDS = {f.name for f in fields(StepResult)}
 
 
 @dataclass
@@ -40,3 +43,14 @@ class StepView:
     step: StepResult
     texts: dict[int, str] = field(default_factory=dict)
     prefill_ms: float = 0.0  # the run's prompt prefill (the first step runs it)
+
+
+def step_record(view: StepView) -> dict:
+    """A StepView as one stream record: the events/1 step record + the texts and prefill a viewer draws."""
+    return {**view.step.to_json(), "texts": {str(i): t for i, t in view.texts.items()}, "prefill_ms": view.prefill_ms}
+
+
+def step_view(record: dict) -> StepView:
+    """A stream step record back into what a viewer draws (the fields a StepResult does not have are dropped)."""
+    step = StepResult(**{k: v for k, v in record.items() if k in _STEP_FIELDS})
+    return StepView(step, {int(i): t for i, t in record["texts"].items()}, record["prefill_ms"])
