@@ -3,7 +3,8 @@
 Methods on the same prompt, N and settings, each warmed up once, then timed in interleaved rounds
 (A B C A B C ...) so machine drift hits all alike: autoregressive (target alone), speculative,
 draft_autoregressive (draft alone) and, with `--peer hf`, transformers' generate() (hf_generate) and
-assisted generation (hf_assisted). Then the metrics of docs/design.md, a rich table, `--json` and a
+assisted generation (hf_assisted); with `--peer llamacpp`, llama.cpp on the target's GGUF file
+(llamacpp_generate, llamacpp_prompt_lookup). Then the metrics of docs/design.md, a rich table, `--json` and a
 bench file in --profile-dir that `specview report` renders.
 """
 
@@ -33,7 +34,7 @@ from specview.bench.metrics import (
     speculative_metrics,
     sweep_inputs,
 )
-from specview.bench.schema import BENCH_SCHEMA, METHOD_ORDER
+from specview.bench.schema import BENCH_SCHEMA, METHOD_ORDER, peer_names
 from specview.bench.tables import ordered, render
 from specview.errors import SpecviewError
 from specview.files import write_json_atomic
@@ -69,7 +70,10 @@ def _bench(args, stop: Stop) -> int:
         progress.update(loading, completed=2, description="models loaded")
         torch.manual_seed(settings.seed)  # the peers sample from torch's global generator
         generator = torch.Generator(device=session.device).manual_seed(settings.seed)
-        methods = make_methods(session, args.peer, generator, stop)
+        skipped: dict[str, str] = {}
+        methods = make_methods(session, args.peer, generator, stop, skipped)
+        for name, why in skipped.items():  # an optional peer that cannot run here: one line, then go on
+            stderr.print(f"peer {name} skipped: {why}", soft_wrap=True, markup=False, highlight=False)
         plan = [(name, k if drafting(name) else None) for name in methods
                 for k in (ks if drafting(name) else [None])]
         task = progress.add_task("warm-up", total=len(plan) * (1 + args.num_runs))
@@ -85,7 +89,8 @@ def _bench(args, stop: Stop) -> int:
     if complete == 0 or len(records) < len(plan):
         raise KeyboardInterrupt  # not one whole round: nothing to report
     records = {key: runs[:complete] for key, runs in records.items()}  # whole rounds only
-    doc = build_doc(session, args, ks, records, load_start)
+    peer_info = {name: m.info for name, m in methods.items() if hasattr(m, "info")}
+    doc = build_doc(session, args, ks, records, load_start, peer_info, skipped)
     if interrupted:
         doc["interrupted_after_rounds"] = complete
     stdout.print(render(doc))
@@ -133,7 +138,10 @@ def bench_progress(console: Console) -> Progress:
                     TimeElapsedColumn(), console=console, transient=console.is_terminal)
 
 
-def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
+def build_doc(session, args, ks: list[int], records: dict, load_start, peer_info: dict | None = None,
+              skipped: dict | None = None) -> dict:
+    """The bench document (specview.bench/1). `peer_info`: method -> how a peer was set up (llama.cpp's
+    file, threads, context), added to that method's entry; `skipped`: peer -> why it did not run."""
     s = session.settings
     ar = records[("autoregressive", None)]
     ar_mean = method_stats(ar)["mean_s"]
@@ -150,7 +158,7 @@ def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
 
     drafters = methods_drafters(session)
     labels = {m: d.spec for m, d in drafters.items()}  # speculative method -> drafter spec
-    peers_of = {label: peer_of(session, d) for label, d in drafters.items()}  # the peer doing the same work
+    peers_of = {label: peer_of(session, d) for label, d in drafters.items()}  # the peers doing the same work
     per_drafter = {}
     for label in labels:
         entries = []
@@ -159,10 +167,10 @@ def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
             entry = speculative_metrics(k, spec, ar)
             entry["methods"] = {label: method_stats(spec, ar_mean)}
             entry["same_tokens"] = {label: check(label, k)}
-            peer = peers_of[label]
-            if (peer, k) in records:
-                entry["methods"][peer] = method_stats(records[(peer, k)], ar_mean)
-                entry["same_tokens"][peer] = check(peer, k)
+            for peer in peers_of[label]:
+                if (peer, k) in records:
+                    entry["methods"][peer] = method_stats(records[(peer, k)], ar_mean)
+                    entry["same_tokens"][peer] = check(peer, k)
             entry.update(sweep_inputs(spec))
             entries.append(entry)
         if args.sweep_k:
@@ -178,11 +186,15 @@ def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
     for name in METHOD_ORDER:
         if name not in methods and (name, None) in records:
             methods[name] = method_stats(records[(name, None)], ar_mean)
-    if ("hf_generate", None) in records:
-        same["hf_generate"] = check("hf_generate", None)  # (draft_autoregressive is the draft's law, not checked)
+    for name in ("hf_generate", "llamacpp_generate"):  # (draft_autoregressive is the draft's law, not checked)
+        if (name, None) in records:
+            same[name] = check(name, None)
     methods = {name: methods[name] for name in ordered(methods)}
     for label, spec in labels.items():
         methods[label]["drafter"] = spec
+    for name, info in (peer_info or {}).items():
+        if name in methods:
+            methods[name]["peer"] = info
     config = {**s.to_json(), "num_runs": args.num_runs, "peer": args.peer,
               "sweep_k": ",".join(map(str, args.sweep_k)) if args.sweep_k else None,
               "prompt_tokens": len(session.prompt_ids)}
@@ -195,16 +207,8 @@ def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
                         if key not in ("methods", "same_tokens")} | {"method": label}
         for label, entries in per_drafter.items()
     }
-    tps = {name: m.get("tokens_per_s") for name, m in methods.items()}
-    if args.peer:  # tokens/s of ours over the peer doing the same work
-        ratios = {"autoregressive_over_hf_generate": _over(tps.get("autoregressive"), tps.get("hf_generate"))}
-        for label, peer in peers_of.items():
-            if peer in tps:
-                name = "speculative" if label == "speculative" else labels[label]
-                ratios[f"{name}_over_{peer}"] = _over(tps[label], tps[peer])
-        doc["peer_ratios"] = ratios
-    else:
-        doc["peer_ratios"] = None
+    doc["peer_ratios"] = peer_ratios(methods, labels, peers_of, peer_names(args.peer))
+    doc["peers_skipped"] = dict(skipped or {})
     if args.sweep_k:
         doc["sweep"] = [public(e) for e in first if e["k"] in args.sweep_k]
         doc["recommended_k"] = recommend([e for e in first if e["k"] in args.sweep_k])
@@ -216,6 +220,26 @@ def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
     doc["meta"] = {**session.meta(), "load_avg": {"start": list(load_start), "end": list(os.getloadavg())},
                    "load_s": session.load_s}
     return json.loads(json.dumps(doc, allow_nan=False))  # fail here, not halfway through a write
+
+
+def peer_ratios(methods: dict, labels: dict, peers_of: dict, peers: list[str]) -> dict | None:
+    """tokens/s of ours over a peer's: autoregressive over each peer's plain decoding (hf_generate,
+    llamacpp_generate), our first speculative method over llama.cpp's plain decoding (does our speculative
+    decoding beat a C++ engine without it?), and each drafter over the peer doing the same work.
+    None when no peer ran (none asked for, or skipped)."""
+    tps = {name: m.get("tokens_per_s") for name, m in methods.items()}
+    ratios = {}
+    if "hf" in peers:
+        ratios["autoregressive_over_hf_generate"] = _over(tps.get("autoregressive"), tps.get("hf_generate"))
+    if "llamacpp_generate" in tps:
+        ratios["autoregressive_over_llamacpp_generate"] = _over(tps["autoregressive"], tps["llamacpp_generate"])
+        ratios["speculative_over_llamacpp_generate"] = _over(tps.get("speculative"), tps["llamacpp_generate"])
+    for label, doing in peers_of.items():
+        for peer in doing:
+            if peer in tps:
+                name = "speculative" if label == "speculative" else labels[label]
+                ratios[f"{name}_over_{peer}"] = _over(tps[label], tps[peer])
+    return ratios or None
 
 
 def bench_roofline(session, records: dict, k: int) -> dict | None:
@@ -233,13 +257,13 @@ def bench_roofline(session, records: dict, k: int) -> dict | None:
     return out
 
 
-def peer_of(session, drafter) -> str | None:
-    """The peer that does a drafter's work: HF prompt lookup for ngram, assisted generation for the draft
-    model it uses (session.draft)."""
+def peer_of(session, drafter) -> tuple[str, ...]:
+    """The peers that do a drafter's work: HF's and llama.cpp's prompt lookup for ngram, assisted generation
+    for the draft model it uses (session.draft)."""
     if drafter.spec.startswith("ngram"):
-        return "hf_prompt_lookup"
+        return ("hf_prompt_lookup", "llamacpp_prompt_lookup")
     lm = getattr(drafter, "lm", None)
-    return "hf_assisted" if lm is not None and lm is session.draft else None
+    return ("hf_assisted",) if lm is not None and lm is session.draft else ()
 
 
 def methods_drafters(session) -> dict:

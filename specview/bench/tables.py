@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from specview.bench.schema import METHOD_ORDER
+from specview.bench.schema import DRAFTING_PEERS, METHOD_ORDER
 from specview.diagnosis import Figures, diagnose
 from specview.events import fmt
 from specview.metrics import ratio
@@ -31,10 +33,11 @@ def render(doc: dict) -> Group:
     machine = (f"{meta.get('cpu')} · {meta.get('device')} · {meta.get('threads')} threads"
                + (f" · load average {load[0]:.2f} at start" if load else ""))
     parts = [Text(head, style="bold"), Text(machine, style="dim") if meta else Text(""), methods_table(doc)]
+    parts += peer_lines(doc)
     ratios = doc.get("peer_ratios")
     if ratios:
         said = ", ".join(f"{name.replace('_over_', ' / ')} {fmt(value, '{:.2f}x')}" for name, value in ratios.items())
-        parts.append(Text(f"tokens/s over the peer doing the same work: {said}"))
+        parts.append(Text(f"tokens/s, ours over the peers': {said}"))
     if len(doc.get("drafters") or {}) > 1:
         parts.append(drafters_table(doc))
     parts.append(metrics_table(doc))
@@ -59,12 +62,28 @@ def methods_table(doc: dict) -> Table:
     for name in ordered(methods):
         m = methods[name] if isinstance(methods[name], dict) else {}
         drafter = f"{m['drafter']}, " if m.get("drafter") else ""
-        k = f" ({drafter}K={doc.get('k')})" if name.startswith("speculative") or name in ("hf_assisted", "hf_prompt_lookup") else ""
+        k = f" ({drafter}K={doc.get('k')})" if name.startswith("speculative") or name in DRAFTING_PEERS else ""
         name = "speculative" if m.get("drafter") else name
         speedup = m.get("speedup", ratio(base, m.get("mean_s")))
         table.add_row(name + k, fmt(m.get("mean_s"), "{:.3f}"), fmt(m.get("std_s"), "{:.3f}"),
                       fmt(m.get("tokens_per_s"), "{:.1f}"), fmt(speedup, "{:.2f}x"), _same(same, name))
     return table
+
+
+def peer_lines(doc: dict) -> list[Text]:
+    """How the llama.cpp peer ran (its file and kernels differ from ours: a reader must know), and every
+    peer that was asked for but skipped, with why."""
+    lines = []
+    methods = doc.get("methods") or {}
+    info = next((m["peer"] for m in methods.values() if isinstance(m, dict) and isinstance(m.get("peer"), dict)), None)
+    if info:
+        lines.append(Text(f"llamacpp: {info.get('implementation')} {info.get('version')} on {os.path.basename(str(info.get('gguf')))} "
+                          f"(the file's own weights and kernels), {info.get('n_threads')} threads, n_ctx "
+                          f"{info.get('n_ctx')}, n_batch {info.get('n_batch')}; greedy tokens are compared, "
+                          "not required to be equal", style="dim"))
+    for name, why in (doc.get("peers_skipped") or {}).items():
+        lines.append(Text(f"peer {name} skipped: {why}", style="yellow"))
+    return lines
 
 
 def _same(same: dict | None, name: str) -> str:
