@@ -12,6 +12,7 @@ import torch
 
 from helpers import run_cli
 from specview.bench import llamacpp
+from specview.bench.command import planned_ks
 from specview.bench.options import build_bench_parser
 from specview.session import open_session
 from specview.settings import Settings
@@ -142,6 +143,29 @@ def test_bench_with_llama_cpp_fills_the_document(capsys, tmp_path, tiny_gguf):
     assert "llamacpp_prompt_lookup" in out
 
 
+def test_without_an_ngram_drafter_llama_cpp_prompt_lookup_runs_at_the_main_k(capsys, tmp_path, tiny_gguf):
+    pytest.importorskip("llama_cpp")
+    doc, out, err = _bench(capsys, tmp_path, tiny_gguf, "--draft", tiny_gguf + "@bfloat16", "-K", "2",
+                           "--sweep-k", "1,2", "--peer", "llamacpp")
+    lookup = doc["methods"]["llamacpp_prompt_lookup"]
+    assert len(lookup["runs"]) == 1 and lookup["peer"]["num_pred_tokens"] == 2
+    assert lookup["peer"]["max_ngram_size"] == 4  # our ngram's default longest n-gram
+    assert "llamacpp_prompt_lookup" in doc["same_tokens"] and "llamacpp_generate" in doc["same_tokens"]
+    assert all("llamacpp_prompt_lookup" not in entry["methods"] for entry in doc["sweep"])  # not the same work
+    assert set(doc["peer_ratios"]) == {"autoregressive_over_llamacpp_generate", "speculative_over_llamacpp_generate",
+                                       "speculative_over_llamacpp_prompt_lookup"}
+
+
+def test_planned_ks():
+    class Peer:
+        sweeps = False
+
+    assert planned_ks("llamacpp_generate", object(), [1, 2, 4], 2) == [None]
+    assert planned_ks("llamacpp_prompt_lookup", Peer(), [1, 2, 4], 2) == [2]
+    assert planned_ks("hf_prompt_lookup", object(), [1, 2, 4], 2) == [1, 2, 4]
+    assert planned_ks("speculative", object(), [1, 2, 4], 2) == [1, 2, 4]
+
+
 @pytest.fixture
 def session(tiny_gguf):
     pytest.importorskip("llama_cpp")
@@ -153,6 +177,7 @@ def session(tiny_gguf):
 def test_the_peer_gets_our_prompt_ids_and_exactly_n_tokens(session):
     method = llamacpp.LlamaCppMethod(session, Stop())
     record = method.run()
+    assert method.llm.n_ctx() >= len(session.prompt_ids) + 10
     assert record.tokens == 10 and record.k is None
     assert list(method.llm.input_ids[: len(session.prompt_ids)]) == session.prompt_ids  # no second tokenization
     assert method.run().generated_ids == record.generated_ids  # greedy, a full prefill each run

@@ -34,7 +34,7 @@ from specview.bench.metrics import (
     speculative_metrics,
     sweep_inputs,
 )
-from specview.bench.schema import BENCH_SCHEMA, METHOD_ORDER, peer_names
+from specview.bench.schema import BENCH_SCHEMA, METHOD_ORDER, PEER_METHODS, peer_names
 from specview.bench.tables import ordered, render
 from specview.errors import SpecviewError
 from specview.files import write_json_atomic
@@ -74,8 +74,7 @@ def _bench(args, stop: Stop) -> int:
         methods = make_methods(session, args.peer, generator, stop, skipped)
         for name, why in skipped.items():  # an optional peer that cannot run here: one line, then go on
             stderr.print(f"peer {name} skipped: {why}", soft_wrap=True, markup=False, highlight=False)
-        plan = [(name, k if drafting(name) else None) for name in methods
-                for k in (ks if drafting(name) else [None])]
+        plan = [(name, k) for name, method in methods.items() for k in planned_ks(name, method, ks, settings.k)]
         task = progress.add_task("warm-up", total=len(plan) * (1 + args.num_runs))
 
         def on_run(label: str | None) -> None:  # a label before each run, None after it
@@ -103,6 +102,15 @@ def _bench(args, stop: Stop) -> int:
         stderr.print(f"profile written: {profile}", soft_wrap=True)
         stderr.print(f"bench file written: {path}  (show it with `specview report {path}`)", soft_wrap=True)
     return 130 if interrupted else 0
+
+
+def planned_ks(name: str, method, ks: list[int], main_k: int) -> list:
+    """The K values a method is timed at: None for a method without drafts, every K of the sweep for one
+    that does the work of one of our drafters, the main K for a peer that runs on its own (llama.cpp's
+    prompt lookup without an ngram drafter)."""
+    if not drafting(name):
+        return [None]
+    return ks if getattr(method, "sweeps", True) else [main_k]
 
 
 def run_rounds(methods: dict, plan: list, num_runs: int, records: dict, on_run=lambda label: None,
@@ -183,12 +191,12 @@ def build_doc(session, args, ks: list[int], records: dict, load_start, peer_info
         at_k = next(e for e in entries if e["k"] == s.k)
         methods.update(at_k["methods"])
         same.update(at_k["same_tokens"])
-    for name in METHOD_ORDER:
-        if name not in methods and (name, None) in records:
-            methods[name] = method_stats(records[(name, None)], ar_mean)
-    for name in ("hf_generate", "llamacpp_generate"):  # (draft_autoregressive is the draft's law, not checked)
-        if (name, None) in records:
-            same[name] = check(name, None)
+    for name in METHOD_ORDER:  # the methods no drafter's entries hold
+        key = (name, s.k if drafting(name) else None)
+        if name not in methods and key in records:
+            methods[name] = method_stats(records[key], ar_mean)
+            if name in PEER_METHODS:  # the target's law (draft_autoregressive is the draft's, not checked)
+                same[name] = check(*key)
     methods = {name: methods[name] for name in ordered(methods)}
     for label, spec in labels.items():
         methods[label]["drafter"] = spec
@@ -224,8 +232,9 @@ def build_doc(session, args, ks: list[int], records: dict, load_start, peer_info
 
 def peer_ratios(methods: dict, labels: dict, peers_of: dict, peers: list[str]) -> dict | None:
     """tokens/s of ours over a peer's: autoregressive over each peer's plain decoding (hf_generate,
-    llamacpp_generate), our first speculative method over llama.cpp's plain decoding (does our speculative
-    decoding beat a C++ engine without it?), and each drafter over the peer doing the same work.
+    llamacpp_generate), our first speculative method over llama.cpp's plain and speculative decoding (does
+    ours beat a C++ engine, with or without its prompt lookup?), and each drafter over the peer doing the
+    same work.
     None when no peer ran (none asked for, or skipped)."""
     tps = {name: m.get("tokens_per_s") for name, m in methods.items()}
     ratios = {}
@@ -234,6 +243,9 @@ def peer_ratios(methods: dict, labels: dict, peers_of: dict, peers: list[str]) -
     if "llamacpp_generate" in tps:
         ratios["autoregressive_over_llamacpp_generate"] = _over(tps["autoregressive"], tps["llamacpp_generate"])
         ratios["speculative_over_llamacpp_generate"] = _over(tps.get("speculative"), tps["llamacpp_generate"])
+    if "llamacpp_prompt_lookup" in tps:  # our first drafter against llama.cpp's own speculative decoding
+        ratios["speculative_over_llamacpp_prompt_lookup"] = _over(tps.get("speculative"),
+                                                                  tps["llamacpp_prompt_lookup"])
     for label, doing in peers_of.items():
         for peer in doing:
             if peer in tps:

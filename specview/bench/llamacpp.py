@@ -24,11 +24,13 @@ from importlib.metadata import PackageNotFoundError, version
 import torch
 
 from specview.bench.methods import RunRecord
+from specview.drafters.ngram import DEFAULT_MAX
 from specview.engine import eos_token_ids
 from specview.stopping import Stop
 
 NOT_INSTALLED = 'llama-cpp-python is not installed (pip install -e ".[llamacpp]" or make bench-llamacpp)'
-N_BATCH = 512  # llama.cpp's default: a bench prompt fits one batch
+N_BATCH = 512  # llama.cpp's default: a bench prompt fits one batch (llama-cpp-python caps it at n_ctx)
+DRAFT_ROOM = 64  # context past prompt + N for the drafts of the last step
 
 
 def gguf_path(target_spec: str) -> str | None:
@@ -61,26 +63,30 @@ def llama_cpp_version() -> str | None:
 
 class LlamaCppMethod:
     """llama.cpp's own decoding of the target's GGUF: alone (llamacpp_generate) or with its prompt lookup
-    (llamacpp_prompt_lookup, K tokens per step, n-grams of up to `max_ngram` tokens). One Llama object per
-    method: prompt lookup needs every position's logits (llama-cpp-python forces logits_all), plain
-    decoding only the last; the weights are memory-mapped, so both share one copy."""
+    (llamacpp_prompt_lookup, K tokens per step). Beside our ngram drafter (`ngram`) the lookup takes
+    n-grams as long as its `max` and is timed at every --sweep-k K: the same work; without one, our ngram's
+    default longest n-gram, at the main K only. One Llama object per method: prompt lookup needs every
+    position's logits (llama-cpp-python forces logits_all), plain decoding only the last; the weights are
+    memory-mapped, so both share one copy."""
 
-    def __init__(self, session, stop: Stop, lookup_max_ngram: int | None = None):
+    def __init__(self, session, stop: Stop, lookup: bool = False, ngram=None):
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         s = session.settings
-        self.name = "llamacpp_prompt_lookup" if lookup_max_ngram else "llamacpp_generate"
+        self.name = "llamacpp_prompt_lookup" if lookup else "llamacpp_generate"
         self.session = session
         self.stop = stop
         self.path = gguf_path(s.target)
         self.prompt_ids = list(session.prompt_ids)
         self.eos = set() if s.ignore_eos else eos_token_ids(session.target)
         threads = torch.get_num_threads()  # --threads, or torch's default: the same for every method
-        self.lookup = (LlamaPromptLookupDecoding(max_ngram_size=lookup_max_ngram, num_pred_tokens=s.k)
-                       if lookup_max_ngram else None)
-        # room for the prompt, N tokens and the drafts of the last step (llama.cpp pads it further)
-        n_ctx = len(self.prompt_ids) + s.max_new_tokens + s.k + 1
+        self.lookup = (LlamaPromptLookupDecoding(max_ngram_size=ngram.max_n if ngram else DEFAULT_MAX,
+                                                 num_pred_tokens=s.k) if lookup else None)
+        self.sweeps = not lookup or ngram is not None  # unpaired, its K is the main K only
+        # room for the prompt, N tokens and the last step's drafts at any --sweep-k K (generate() cuts drafts
+        # at n_ctx; llama.cpp pads it further)
+        n_ctx = len(self.prompt_ids) + s.max_new_tokens + DRAFT_ROOM
         self.llm = Llama(model_path=self.path, n_ctx=n_ctx, n_batch=N_BATCH, n_threads=threads,
                          n_threads_batch=threads, seed=s.seed, draft_model=self.lookup, verbose=False)
         greedy = s.greedy
@@ -94,7 +100,7 @@ class LlamaCppMethod:
                      "gguf": self.path, "n_threads": threads, "n_ctx": self.llm.n_ctx(),
                      "n_batch": self.llm.n_batch, "logits_all": self.lookup is not None}
         if self.lookup is not None:
-            self.info.update(max_ngram_size=lookup_max_ngram, num_pred_tokens=s.k)
+            self.info.update(max_ngram_size=self.lookup.max_ngram_size, num_pred_tokens=s.k)
 
     def run(self, k: int | None = None) -> RunRecord:
         if self.lookup is not None and k is not None:

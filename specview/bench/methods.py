@@ -202,8 +202,8 @@ def make_methods(session, peer: str | None, generator: torch.Generator, stop: St
                  skipped: dict | None = None) -> dict:
     """name -> method object, in table order: autoregressive, one speculative method per drafter,
     draft_autoregressive (when the first model drafter exists), then the peers that do the same work as
-    one of ours (hf_assisted needs a draft model, hf_prompt_lookup and llamacpp_prompt_lookup an ngram
-    drafter). `peer` is --peer's list (`hf`, `llamacpp`, `hf,llamacpp`); a peer that cannot run here goes
+    one of ours (hf_assisted needs a draft model, hf_prompt_lookup an ngram drafter; llama.cpp's two
+    methods always run, its prompt lookup beside ngram when given). `peer` is --peer's list (`hf`, `llamacpp`, `hf,llamacpp`); a peer that cannot run here goes
     into `skipped` (name -> why, one line) and the others go on. `stop` ends a run at its next step
     (bench's signals)."""
     from specview.drafters.ngram import NgramDrafter
@@ -230,8 +230,9 @@ def make_methods(session, peer: str | None, generator: torch.Generator, stop: St
 
 
 def llamacpp_methods(session, stop: Stop, ngram, skipped: dict) -> dict:
-    """llamacpp_generate, and llamacpp_prompt_lookup beside an ngram drafter; {} (and why in `skipped`)
-    when llama-cpp-python is missing, the target is not a GGUF file or llama.cpp cannot load it."""
+    """llamacpp_generate and llamacpp_prompt_lookup (with the ngram drafter's longest n-gram when there is
+    one: the same work); {} (and why in `skipped`) when llama-cpp-python is missing, the target is not a
+    GGUF file or llama.cpp cannot load it."""
     from specview.bench import llamacpp
 
     why = llamacpp.unavailable(session.settings.target)
@@ -241,8 +242,7 @@ def llamacpp_methods(session, stop: Stop, ngram, skipped: dict) -> dict:
     out = {}
     try:
         out["llamacpp_generate"] = llamacpp.LlamaCppMethod(session, stop)
-        if ngram is not None:
-            out["llamacpp_prompt_lookup"] = llamacpp.LlamaCppMethod(session, stop, lookup_max_ngram=ngram.max_n)
+        out["llamacpp_prompt_lookup"] = llamacpp.LlamaCppMethod(session, stop, lookup=True, ngram=ngram)
     except (ValueError, RuntimeError, OSError) as err:  # llama-cpp-python's "Failed to load model from file"
         skipped["llamacpp"] = f"llama.cpp cannot load {llamacpp.gguf_path(session.settings.target)}: {err}"
         return {}

@@ -71,19 +71,16 @@ def methods_table(doc: dict) -> Table:
 
 
 def peer_lines(doc: dict) -> list[Text]:
-    """How the llama.cpp peer ran (its file and kernels differ from ours: a reader must know), and every
-    peer that was asked for but skipped, with why."""
-    lines = []
+    """How the llama.cpp peer ran: its file, weights and kernels are not ours, and a reader must know. (A
+    skipped peer is said once, on stderr, when bench runs; the file keeps it in `peers_skipped`.)"""
     methods = doc.get("methods") or {}
     info = next((m["peer"] for m in methods.values() if isinstance(m, dict) and isinstance(m.get("peer"), dict)), None)
-    if info:
-        lines.append(Text(f"llamacpp: {info.get('implementation')} {info.get('version')} on {os.path.basename(str(info.get('gguf')))} "
-                          f"(the file's own weights and kernels), {info.get('n_threads')} threads, n_ctx "
-                          f"{info.get('n_ctx')}, n_batch {info.get('n_batch')}; greedy tokens are compared, "
-                          "not required to be equal", style="dim"))
-    for name, why in (doc.get("peers_skipped") or {}).items():
-        lines.append(Text(f"peer {name} skipped: {why}", style="yellow"))
-    return lines
+    if not info:
+        return []
+    return [Text(f"llamacpp: {info.get('implementation')} {info.get('version')} on "
+                 f"{os.path.basename(str(info.get('gguf')))} (the file's own weights and kernels), "
+                 f"{info.get('n_threads')} threads, n_ctx {info.get('n_ctx')}, n_batch {info.get('n_batch')}; "
+                 "greedy tokens are compared, not required to be equal", style="dim")]
 
 
 def _same(same: dict | None, name: str) -> str:
