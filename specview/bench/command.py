@@ -234,8 +234,7 @@ def peer_ratios(methods: dict, labels: dict, peers_of: dict, peers: list[str]) -
     """tokens/s of ours over a peer's: autoregressive over each peer's plain decoding (hf_generate,
     llamacpp_generate), our first speculative method over llama.cpp's plain and speculative decoding (does
     ours beat a C++ engine, with or without its prompt lookup?), and each drafter over the peer doing the
-    same work.
-    None when no peer ran (none asked for, or skipped)."""
+    same work. None when no peer ran (none asked for, or skipped)."""
     tps = {name: m.get("tokens_per_s") for name, m in methods.items()}
     ratios = {}
     if "hf" in peers:
