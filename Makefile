@@ -5,7 +5,7 @@ STAMP   := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test stress bench bench-copy eval fidelity lint check clean
+.PHONY: install run test stress bench bench-llamacpp bench-copy eval fidelity lint check clean
 
 install: $(STAMP)
 
@@ -43,6 +43,17 @@ stress: install
 
 bench: install
 	.venv/bin/specview bench --peer hf --temperature 0 -N 48 --draft smollm2-135m@int4,ngram,smollm2-135m@bfloat16 $(ARGS)
+
+# llama.cpp on the same GGUF file (plain and with its prompt lookup) beside our engine, one thread each.
+# The first time, pip builds llama-cpp-python from source (gcc and cmake, minutes).
+LLAMACPP_STAMP := .venv/.installed-llamacpp
+$(LLAMACPP_STAMP): $(STAMP)
+	$(PIP) install -q -e ".[llamacpp]"
+	touch $(LLAMACPP_STAMP)
+
+bench-llamacpp: install $(LLAMACPP_STAMP)
+	.venv/bin/specview bench --peer llamacpp,hf --temperature 0 -N 48 --threads 1 --target smollm2-135m \
+		--draft smollm2-135m@int4,ngram $(ARGS)
 
 # Prompt lookup where it shines: a chat prompt asking to copy a passage (K 8: a proposal costs nothing).
 bench-copy: install

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from specview.bench.methods import RunRecord
+from specview.bench.record import RunRecord
 from specview.events import nonfinite_to_none
 from specview.metrics import Counts, cost_model, expected_tokens_per_step, ratio, speedup
 from specview.phases import PHASES
