@@ -7,9 +7,12 @@
     GET  /health     {status, target, drafters, queue, ...}        (never needs the token)
     GET  /metrics    Prometheus text (metrics.py)
     GET  /events     text/event-stream of every record of every request, `id:` for Last-Event-ID
+    GET  /openapi.json  this API as OpenAPI 3.1, from the request models (openapi.py)
 
 Errors are JSON {"error": "...", "field": ...}: 401 token, 413 body size, 422 malformed (field named),
-400 unknown draft, 503 queue full (Retry-After) or shutting down. A request can name no model or path."""
+400 unknown draft, 503 queue full (Retry-After) or shutting down; 404/405 for other paths and methods; a bug is
+500 in the same shape. A request can name no model or path. The body is read as JSON whatever its Content-Type
+(`curl -d` sends application/x-www-form-urlencoded)."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from starlette.routing import Route
 
 from specview.serve.hub import EventHub
 from specview.serve.metrics import CONTENT_TYPE, ServeMetrics
+from specview.serve.openapi import openapi_document
 from specview.serve.schema import ApiError, GenerateRequest, PredictRequest, parse_body
 from specview.serve.worker import EngineWorker, Job
 
@@ -46,7 +50,7 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
 
     async def read_body(request: Request) -> bytes:
         declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > max_body:
+        if declared and declared.isascii() and declared.isdigit() and int(declared) > max_body:
             raise ApiError(413, f"the body is larger than {max_body} bytes (--max-body)")
         body = bytearray()
         async for chunk in request.stream():  # a chunked body declares no length: count it
@@ -114,7 +118,7 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
     async def events(request: Request) -> Response:
         check_token(request)
         last = request.headers.get("last-event-id", "")
-        watcher = hub.subscribe(int(last) if last.isdigit() else None)
+        watcher = hub.subscribe(int(last) if last.isascii() and last.isdigit() else None)  # not "²": int() refuses it
 
         async def records():
             try:
@@ -125,12 +129,25 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
 
         return EventSourceResponse(records(), ping=PING_S)
 
+    async def openapi(request: Request) -> Response:
+        check_token(request)
+        return JSONResponse(openapi_document(cap, list(worker.drafters), token is not None))
+
+    def error_response(status: int, body: dict, headers: dict | None = None) -> Response:
+        # ASCII JSON: an error may quote what the client sent, and a lone surrogate has no UTF-8 form
+        return Response(json.dumps(body), status_code=status, headers=headers, media_type="application/json")
+
     async def api_error(request: Request, err: ApiError) -> Response:
         metrics.rejected.labels(str(err.status)).inc()
-        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+        return error_response(err.status, err.body(), err.headers)
 
     async def http_error(request: Request, err: HTTPException) -> Response:
-        return JSONResponse({"error": err.detail, "field": None}, status_code=err.status_code, headers=err.headers)
+        return error_response(err.status_code, {"error": err.detail, "field": None}, err.headers)
+
+    async def internal_error(request: Request, err: Exception) -> Response:
+        # A bug, not the client's fault: still the error shape (not Starlette's plain text); the fuzz tests fail on it
+        metrics.rejected.labels("500").inc()
+        return error_response(500, {"error": f"internal error: {type(err).__name__}", "field": None})
 
     routes = [
         Route("/generate", generate, methods=["POST"]),
@@ -138,5 +155,7 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_page, methods=["GET"]),
         Route("/events", events, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={ApiError: api_error, HTTPException: http_error})
+    return Starlette(routes=routes, exception_handlers={ApiError: api_error, HTTPException: http_error,
+                                                        Exception: internal_error})
