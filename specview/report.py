@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import io
 import json
 import os
 
@@ -55,15 +56,40 @@ def report_command(args) -> int:
     console = Console(highlight=False)
     if not console.is_terminal:
         console.width = max(console.width, 120)
-    if second is None:
-        console.print(render(*first))
-    elif first[1]["schema"] == second[1]["schema"]:
-        console.print(COMPARE[first[1]["schema"]](first, second))
-    else:
-        console.print(Text("two kinds of file: shown one after the other", style="dim"))
-        console.print(render(*first))
-        console.print(render(*second))
+    try:
+        with console.capture() as page:  # the whole page first: a damaged file prints nothing but its error
+            if second is None:
+                console.print(render(*first))
+            elif first[1]["schema"] == second[1]["schema"]:
+                console.print(COMPARE[first[1]["schema"]](first, second))
+            else:
+                console.print(Text("two kinds of file: shown one after the other", style="dim"))
+                console.print(render(*first))
+                console.print(render(*second))
+    except DAMAGE as err:
+        raise SpecviewError(_damaged(first, second, err)) from None
+    console.file.write(page.get())
     return 0
+
+
+# What rendering a file with a value missing or of the wrong type raises (the loader checks the outline only).
+DAMAGE = (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError,
+          RecursionError)
+
+
+def _damaged(first: tuple[str, dict], second: tuple[str, dict] | None, err: Exception) -> str:
+    """Name the file that cannot be rendered: each alone, then the pair."""
+    reason = f"{type(err).__name__}: {' '.join(str(err).split())[:120]}"
+    for path, doc in filter(None, (first, second)):
+        try:
+            with Console(file=io.StringIO(), width=120).capture():
+                render(path, doc)
+        except DAMAGE as alone:
+            reason = f"{type(alone).__name__}: {' '.join(str(alone).split())[:120]}"
+            return (f"{path} is a damaged {doc['schema']} file: a value is missing or of the wrong type ({reason}); "
+                    "was it edited by hand?")
+    return (f"{first[0]} and {second[0]} cannot be compared: a value is missing or of the wrong type in one of "
+            f"them ({reason})")
 
 
 
@@ -92,6 +118,8 @@ def load(path: str) -> tuple[str, dict]:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
         raise SpecviewError(_bad_json(path, text, err)) from None
+    except (RecursionError, ValueError):  # [[[[...: nested past the parser's stack; 5000-digit numbers
+        raise SpecviewError(f"{path} is not a specview file: JSON nested too deeply or numbers too long") from None
     if not isinstance(doc, dict):
         raise SpecviewError(f"{path} holds a JSON {type(doc).__name__}, not a specview profile or bench file")
     if "traceEvents" in doc:
