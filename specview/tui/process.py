@@ -13,19 +13,68 @@ from collections import deque
 from dataclasses import asdict, fields
 from threading import Thread
 
-from specview.errors import SpecviewError
+from specview.errors import SpecviewError, quoted
 from specview.events import StepResult
 from specview.tui.backend import Backend
 from specview.tui.views import RunInfo, SessionInfo, StepView
 
 _STEP_FIELDS = {f.name for f in fields(StepResult)}
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _ints(v) -> bool:
+    return isinstance(v, list) and all(_int(x) for x in v)
+
+
+def _nums(v) -> bool:
+    return isinstance(v, list) and all(_num(x) for x in v)
+
+
+def _opt(ok):
+    return lambda v: v is None or ok(v)
+
+
+def _table(v) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) and (v[k] is None or _num(v[k]) or isinstance(v[k], dict))
+                                       for k in v)
+
+
+# what the widgets read from a step record, by type (the engine stream's step records: docs/design.md §10a)
+_STEP_CHECKS = {"step": _int, "drafted": _ints, "q": _nums, "p": _nums, "r": _opt(_nums), "accepted": _int,
+                "rejected_at": _opt(_int), "resampled": _opt(_int), "bonus": _opt(_int), "emitted": _ints,
+                "residual_top": _opt(lambda v: isinstance(v, list) and all(isinstance(x, list) and _nums(x) for x in v)),
+                "stop_reason": _opt(lambda v: isinstance(v, str)), "tokens": lambda v: isinstance(v, list),
+                "phases_ms": _table, "layernorm_ms": _table, "wall_ms": _num, "memory_mb": _table, "k": _int,
+                "run": _int, "source": _opt(_ints), "drafter": _opt(lambda v: isinstance(v, str)), "position": _int}
 STDERR_LINES = 20  # the child's last stderr lines kept, to say why it died
 
 
 def step_view(record: dict) -> StepView:
-    """A stream step record back into what the widgets draw."""
-    step = StepResult(**{k: v for k, v in record.items() if k in _STEP_FIELDS})
-    return StepView(step, {int(i): t for i, t in record["texts"].items()}, record["prefill_ms"])
+    """A stream step record back into what the widgets draw; SpecviewError (one line) for a malformed one."""
+    try:
+        step = StepResult(**{k: v for k, v in record.items() if k in _STEP_FIELDS})
+        view = StepView(step, {int(i): str(t) for i, t in record["texts"].items()}, float(record["prefill_ms"]))
+        bad = next((name for name, ok in _STEP_CHECKS.items() if not ok(getattr(step, name))), None)
+        if bad:
+            raise TypeError(f"{bad} is {json.dumps(getattr(step, bad))[:60]}")
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
+        raise SpecviewError(f"a malformed step record ({type(err).__name__}: {quoted(str(err))})") from None
+    return view
+
+
+def _field(record: dict, name: str, kind):
+    """record[name] when it is a `kind`; else SpecviewError: the other side is not the engine stream we know."""
+    value = record.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise SpecviewError(f"a malformed {record.get('type')} record: {name} is {quoted(json.dumps(value))}")
+    return value
 
 
 class ProcessBackend(Backend):
@@ -67,13 +116,21 @@ class ProcessBackend(Backend):
             if not line:
                 self.proc.wait()
                 raise SpecviewError(self._death())
-            record = json.loads(line)
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError):
+                record = None
+            if not isinstance(record, dict) or not isinstance(record.get("type"), str):
+                # not a record: something in the child wrote to its stdout (a C library's print); keep it
+                # for the death message and read on
+                self.stderr_tail.append(f"stdout: {line.strip()[:200]}")
+                continue
             if record["type"] == "progress":
                 if on_progress:
-                    on_progress(record["text"])
+                    on_progress(str(record.get("text", "")))
                 continue
             if record["type"] == "error":
-                raise SpecviewError(record["message"])
+                raise SpecviewError(" ".join(str(record.get("message", "the engine failed")).split()))
             return record
 
     def _death(self) -> str:
@@ -87,9 +144,12 @@ class ProcessBackend(Backend):
         self._start()
         with self.lock:
             record = self._ask({"cmd": "load"}, on_progress)
-        info = SessionInfo(**record["info"])
+        try:
+            info = SessionInfo(**_field(record, "info", dict))
+        except TypeError as err:
+            raise SpecviewError(f"a malformed loaded record ({quoted(str(err))})") from None
         self.draft = info.draft
-        return info, RunInfo(record["run"])
+        return info, RunInfo(_field(record, "run", int))
 
     def step(self) -> StepView:
         with self.lock:
@@ -102,11 +162,11 @@ class ProcessBackend(Backend):
         with self.lock:
             record = self._ask({"cmd": "new_run"})
         self.steps, self.run_done = 0, False
-        return RunInfo(record["run"])
+        return RunInfo(_field(record, "run", int))
 
     def next_drafter(self) -> str:
         with self.lock:
-            self.draft = self._ask({"cmd": "next_drafter"})["spec"]
+            self.draft = _field(self._ask({"cmd": "next_drafter"}), "spec", str)
         return self.draft
 
     @property
@@ -121,11 +181,11 @@ class ProcessBackend(Backend):
         if self.proc is None:
             return None
         if final:  # the last word: the child saves, answers and exits
-            path = self._ask({"cmd": "quit"})["path"]
+            path = _field(self._ask({"cmd": "quit"}), "path", (str, type(None)))
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
             return path
-        return self._ask({"cmd": "save", "final": False})["path"]
+        return _field(self._ask({"cmd": "save", "final": False}), "path", (str, type(None)))
 
     def close(self) -> None:
         """The app is gone: end the child's input (it saves its profile and exits)."""
