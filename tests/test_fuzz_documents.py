@@ -7,6 +7,7 @@ resume refuses the file before any model loads; nothing is written over the file
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import math
@@ -100,7 +101,7 @@ def damaged(draw, doc):
         elif action == "truncate" and isinstance(value, (list, str)):
             parent[path[-1]] = value[: draw(st.integers(0, max(len(value) - 1, 0)))]
         else:
-            parent[path[-1]] = draw(st.sampled_from(HOSTILE))
+            parent[path[-1]] = copy.deepcopy(draw(st.sampled_from(HOSTILE)))  # a shared [] could end up inside itself
     return doc
 
 

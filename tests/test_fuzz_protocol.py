@@ -6,6 +6,7 @@ shape, a step record with wrong types), it gets a record or one SpecviewError li
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import math
@@ -149,7 +150,7 @@ def damaged_step(draw, record):
     for _ in range(draw(st.integers(1, 3))):
         key = draw(st.sampled_from(sorted(record)))
         if draw(st.booleans()):
-            record[key] = draw(st.sampled_from(HOSTILE))
+            record[key] = copy.deepcopy(draw(st.sampled_from(HOSTILE)))
         else:
             record.pop(key)
     return record

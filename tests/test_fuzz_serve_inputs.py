@@ -230,3 +230,30 @@ def test_malformed_http_is_refused_by_the_server_and_the_next_request_is_still_r
         if status != b"200":
             assert set(json.loads(body)) == {"error", "field"}, body
     assert_still_right(client, greedy)
+
+
+def test_a_bug_is_a_json_500_without_its_text_and_the_server_goes_on(served, monkeypatch):
+    served_, client, greedy = served
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(served_.hub, "subscribe", broken)
+    r = client.get("/events")  # before: Starlette's plain-text 500, and the connection closed
+    assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError", "field": None}
+    monkeypatch.undo()
+    assert_still_right(client, greedy)
+
+
+def test_a_bug_in_the_engine_thread_is_a_json_500_without_its_text(served, monkeypatch):
+    served_, client, greedy = served
+
+    def broken(job):
+        raise TypeError("TextEncodeInput must be Union[...]")
+
+    monkeypatch.setattr(served_.worker, "_run", broken)
+    r = client.post("/generate", json=GOOD)  # before: the exception's own text was the answer
+    assert r.status_code == 500 and r.json()["field"] is None
+    assert "TextEncodeInput" not in r.json()["error"] and "server's log" in r.json()["error"]
+    monkeypatch.undo()
+    assert_still_right(client, greedy)
