@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from specview import fastlinear
+from specview import fastdecode, fastlinear
 from specview.detok import CONTEXT, piece_in_context
 from specview.drafters.base import Proposal
 from specview.drafters.model import ModelDrafter
@@ -98,6 +98,9 @@ class Decoder:
         """Feed ids (appending to cache) -> logits [n, vocab] of the last `keep` positions (all if None)."""
         if not isinstance(ids, torch.Tensor):
             ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        runner = fastdecode.runner_for(lm.model)  # kernels.prepare installed the compiled forward
+        if runner is not None:
+            return runner(ids.view(-1), cache, keep or 0)[:, : self.vocab]
         with fastlinear.active():
             out = lm.model(input_ids=ids.view(1, -1), past_key_values=cache, use_cache=True, logits_to_keep=keep or 0)
         # A model spread over devices (--device-map) returns its logits on its last one.

@@ -144,19 +144,11 @@ def wanted(dtype: torch.dtype, shape: tuple[int, int]) -> bool:
 
 def install(model: torch.nn.Module) -> None:
     """Give every nn.Linear of `model` the switchable forward and pack its weight now, so the first
-    prefill does not pay for it (idempotent: a weight already packed is not packed again). Only for
-    the dtypes where it is wanted (see `wanted`, judged on the shape that holds most of the model's
-    linear weights of that dtype: the layers' matrices, not a one-off output head)."""
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    weight_by_shape: dict[tuple, int] = {}
-    for m in linears:
-        key = (m.weight.dtype, tuple(m.weight.shape))
-        weight_by_shape[key] = weight_by_shape.get(key, 0) + m.weight.numel()
-    dominant = {}
-    for (dtype, shape), _ in sorted(weight_by_shape.items(), key=lambda item: item[1]):
-        dominant[dtype] = shape  # ascending: the last one written is the largest total
-    for module in linears:
-        if wanted(module.weight.dtype, dominant[module.weight.dtype]):
+    prefill does not pay for it (idempotent: a weight already packed is not packed again). Only where
+    it is wanted (see `wanted`), judged per dtype and shape: a 576x576 projection, a 1536x576 MLP matrix
+    and a 49152x576 head can each go either way on a given CPU."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and wanted(module.weight.dtype, tuple(module.weight.shape)):
             if "forward" not in module.__dict__:
                 module.forward = types.MethodType(_forward, module)
             if module.weight.device.type == "cpu":
@@ -168,6 +160,12 @@ def uninstall(model: torch.nn.Module) -> None:
         if isinstance(module, torch.nn.Linear) and "forward" in module.__dict__:
             del module.forward
             _packed.pop(module, None)
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """The weight reordered once into oneDNN's blocked layout for thin products."""
+    with torch.no_grad():
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
 
 
 def _packed_weight(module: torch.nn.Linear) -> torch.Tensor:

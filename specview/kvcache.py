@@ -5,10 +5,15 @@ from __future__ import annotations
 
 def new_cache(lm):
     """A fresh cache for a LoadedModel; a model view that needs its own cache type (drafters.layerskip's
-    SkipModel) provides new_cache()."""
+    SkipModel) provides new_cache(), and so does a model that runs fastdecode's forward."""
     own = getattr(lm.model, "new_cache", None)
     if callable(own):
         return own()
+    from specview import fastdecode
+
+    runner = fastdecode.runner_for(lm.model)  # the compiled forward keeps its keys and values in place
+    if runner is not None:
+        return runner.new_cache()
     from transformers import DynamicCache
 
     return DynamicCache(config=lm.model.config)

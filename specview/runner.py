@@ -88,6 +88,8 @@ def run_command(args) -> int:
     err_console = Console(stderr=True)
     method = args.method
     profiling = bool(args.profile or args.profile_dir or args.profile_ops or args.py_spy)
+    if args.profile_ops and settings.compile == "auto":
+        settings.compile = "off"  # every operator by name, the norms and softmax among them, not fused kernels
     # Before loading: a bad path fails in a second, not after the models load.
     jsonl = JsonlWriter(args.jsonl)
     if profiling:
@@ -101,6 +103,11 @@ def run_command(args) -> int:
                                        with_draft=method == "speculative")
         for note in session.notes:  # e.g. which layers self:auto chose to skip
             err_console.print(note, soft_wrap=True, highlight=False)
+        if args.verbose:
+            from specview.profiling.render import describe_forward
+
+            for spec, choice in session.forwards.items():
+                err_console.print(describe_forward(spec, choice), soft_wrap=True, highlight=False)
         recorder = None
         if profiling:
             from specview.profiling.recorder import ProfileRecorder

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specview import machine
 from specview.drafters.specs import build as build_drafter
 from specview.drafters.specs import kind as drafter_kind
 from specview.drafters.specs import split_specs
@@ -34,6 +35,7 @@ class Session:
     device: torch.device
     load_s: float
     notes: list[str] = field(default_factory=list)  # what loading chose and wants said (self:auto's choice)
+    forwards: dict = field(default_factory=dict)  # model spec -> kernels.ForwardChoice.to_json()
 
     @property
     def draft(self) -> LoadedModel | None:
@@ -59,11 +61,13 @@ class Session:
             "versions": {"specview": _version(), "torch": torch.__version__, "transformers": transformers.__version__,
                          "python": platform.python_version()},
             "device": str(self.device),
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": machine.cpu_summary(),  # the model name and the ISA flags that decide the kernels
             "threads": torch.get_num_threads(),
             "target_dtype": str(self.target.dtype).removeprefix("torch."),
             "draft_dtype": str(self.draft.dtype).removeprefix("torch.") if self.draft else None,
             "drafter": ",".join(d.spec for d in self.drafters) or None,  # DESIGN "Drafters": the spec
+            "forwards": self.forwards,  # per model: compiled or eager, and the kernel of each piece
+            "cpu_flags": machine.cpu_flags(),
             "prompt_ids": self.prompt_ids,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
@@ -144,7 +148,23 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
 
     drafters = [build_drafter(spec, target, load_draft, prompt_ids, note) for spec, _ in zip(specs, kinds)]
     check_context([target] + [getattr(d, "lm", None) for d in drafters], len(prompt_ids), settings.max_new_tokens)
-    return Session(settings, target, drafters, prompt_ids, device, time.perf_counter() - t0, notes)
+    forwards = prepare_forwards([target] + [getattr(d, "lm", None) for d in drafters], settings.compile, say)
+    return Session(settings, target, drafters, prompt_ids, device, time.perf_counter() - t0, notes, forwards)
+
+
+def prepare_forwards(models: list, mode: str, say: Callable[[str], None]) -> dict:
+    """kernels.prepare for every distinct model (a layer-skip view runs transformers' forward of its own):
+    spec -> ForwardChoice.to_json(), for the profile's config, --verbose and report."""
+    from specview import kernels
+    from specview.profiling.render import describe_forward
+
+    chosen: dict = {}
+    for lm in models:
+        if lm is None or lm.spec in chosen or not isinstance(lm.model, torch.nn.Module) or hasattr(lm.model, "new_cache"):
+            continue
+        chosen[lm.spec] = kernels.prepare(lm, mode, say).to_json()
+        say(describe_forward(lm.spec, chosen[lm.spec]))
+    return chosen
 
 
 def time_target_token(decoder, prompt_ids: list[int], forwards: int = T_AR_FORWARDS) -> float | None:

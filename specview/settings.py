@@ -44,6 +44,7 @@ class Settings:
     cache: bool = True  # use the converted-weights cache for .gguf models (--no-cache: off)
     device_map: str | None = None  # auto | balanced | a JSON file: layers over several devices (accelerate)
     max_memory: str | None = None  # with device_map: "0=20GiB,cpu=60GiB", the most each device may hold
+    compile: str = "auto"  # auto | on | off: fastdecode's compiled one-row forward (kernels.py decides)
 
     @classmethod
     def from_args(cls, args) -> Settings:

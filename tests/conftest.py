@@ -5,6 +5,9 @@ import tempfile
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # no test may reach a model hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# --compile auto runs transformers' forward in tests (no inductor build per tiny model shape); the tests of
+# the compiled path ask for it with compile="on" / --compile on (tests/test_compiled.py, test_lossless.py).
+os.environ["SPECVIEW_COMPILE"] = "0"
 # The converted-weights cache (specview/weights_cache.py) of a test session lives in a temp folder:
 # tests never read or fill the user's ~/.cache/specview (the bundled model is converted once per session).
 os.environ["SPECVIEW_CACHE_DIR"] = tempfile.mkdtemp(prefix="specview-test-cache-")
@@ -52,6 +55,16 @@ def small_vocab_pair(tiny_dir):
     target = tiny.make_model("gpt2", 8, 10, scale=8.0)
     t = tiny.save(target, tok, tiny_dir / "small-target")
     d = tiny.save(tiny.perturbed(target, 0.3, seed=3), tok, tiny_dir / "small-draft")
+    return load_pair(t, d, torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def small_llama_pair(tiny_dir):
+    """small_vocab_pair's Llama twin (vocab 8): the family fastdecode's compiled forward runs."""
+    tok = tiny.make_tokenizer(8)
+    target = tiny.make_model("llama", 8, 10, scale=8.0)
+    t = tiny.save(target, tok, tiny_dir / "small-llama-target")
+    d = tiny.save(tiny.perturbed(target, 0.3, seed=3), tok, tiny_dir / "small-llama-draft")
     return load_pair(t, d, torch.device("cpu"))
 
 

@@ -108,6 +108,16 @@ def test_auto_packs_only_the_dtypes_measured_faster(monkeypatch):
     assert ("forward" in bf16.__dict__) == fastlinear.supported(torch.bfloat16)
 
 
+def test_each_shape_gets_its_own_choice(monkeypatch):
+    """A projection and a head of the same dtype can go either way on a CPU: judged per shape."""
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "auto")
+    monkeypatch.setattr(fastlinear, "faster", lambda dtype, shape: shape == (64, 32))
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 48))
+    fastlinear.install(model)
+    assert ("forward" in model[0].__dict__) == fastlinear.supported(torch.float32)
+    assert "forward" not in model[1].__dict__
+
+
 def test_the_choice_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch):
     """Every process on a machine must time the same kernels (a TUI and a headless run compared in
     `make fidelity` once chose differently): the first measures, the rest read the cache folder."""

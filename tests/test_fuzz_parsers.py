@@ -67,7 +67,8 @@ layer_range = st.one_of(number, st.builds("{}-{}".format, number, number))
 skip = st.builds(lambda items: "self:skip=" + ",".join(items), st.lists(layer_range, max_size=4))
 model = st.builds("{}{}".format, st.sampled_from(["gpt2", "./nowhere", "/no/such/dir", "~/x", "a.gguf", "org/model",
                                                   "", "smollm2-135m", "x\x00y", "\udcff"]),
-                  st.sampled_from(["", "@float32", "@bfloat16", "@int4", "@int8", "@", "@@", "@float32@int4"]))
+                  st.sampled_from(["", "@float32", "@bfloat16", "@int4", "@int4+head", "@int8", "@", "@@",
+                                   "@float32@int4"]))
 spec_item = st.one_of(ngram, skip, model, st.just("self:auto"), st.just("self:"), st.just("magic:x=1"),
                       st.text(max_size=12))
 

@@ -128,6 +128,36 @@ def test_int4_copy_tracks_the_float_model(kind):
     assert (out.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
 
 
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_int4_head_copy_quantizes_the_head_and_keeps_the_embedding(kind):
+    model = MODELS[kind]()
+    q4 = int4_copy(model, head=True)
+    head, embedding = q4.get_output_embeddings(), q4.get_input_embeddings()
+    assert isinstance(head, Int4Linear) and head.out_features == 64
+    assert embedding.weight.dtype == torch.bfloat16
+    assert torch.equal(embedding.weight.float(), model.get_input_embeddings().weight.bfloat16().float())
+    assert model.get_output_embeddings().weight.dtype == torch.float32  # the original keeps its head
+    torch.manual_seed(7)
+    ids = torch.randint(0, 64, (4, 24))
+    with torch.inference_mode():
+        ref, out = model(ids).logits, q4(ids).logits.float()
+    assert F.cosine_similarity(out.flatten(), ref.flatten(), dim=0) > 0.98
+
+
+def test_int4_head_spec_and_its_checks():
+    from specview.models import parse_spec
+
+    src = parse_spec("smollm2-135m@int4+head")
+    assert src.int4 and src.int4_head
+    assert not parse_spec("smollm2-135m@int4").int4_head
+    with pytest.raises(SpecviewError, match="int4 or int4\\+head"):
+        parse_spec("smollm2-135m@int3")
+    odd_vocab = tiny.make_model("llama", 40, seed=5, width=64)
+    check_int4_supported(odd_vocab, "cpu")  # the layers fit; only the head would not
+    with pytest.raises(SpecviewError, match="lm_head: out_features 40 is not a multiple of 16"):
+        check_int4_supported(odd_vocab, "cpu", head=True)
+
+
 def test_bad_in_features_names_the_layer():
     model = _llama(intermediate=80)  # gate/up: 80 outputs (fine); down_proj: 80 inputs, not a multiple of 32
     msg = "model.layers.0.mlp.down_proj: in_features 80 is not a multiple of the int4 group size 32"

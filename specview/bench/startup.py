@@ -6,7 +6,8 @@
 Each run is a fresh process on the bundled pair with SPECVIEW_CACHE_DIR pointed at a temp folder
 (cold = the first run on it). The child runs the real `specview run` (runner.run_command), with timing wrappers
 around the pieces of a start: the imports, the GGUF hash, the tokenizer and model loads, the
-bfloat16 draft copy and the weight packing (fastlinear.install); "ready" is the moment the Decoder
+bfloat16 draft copy, the weight packing (fastlinear.install) and the forward's choice and compile
+(kernels.prepare; --compile auto, the default: the cold run probes and compiles, warm runs load); "ready" is the moment the Decoder
 exists, i.e. the first step could start. Figures are wall seconds; on a shared machine they move
 with its load, so the CPU seconds of the process are printed too.
 """
@@ -40,7 +41,7 @@ def child(out_path: str, extra: list[str]) -> int:
     import transformers.models.llama.modeling_llama  # noqa: F401
 
     marks["import transformers (modeling, tokenizers)"] = time.time() - launched
-    from specview import engine, fastlinear, models, options, runner, weights_cache  # noqa: F401
+    from specview import engine, fastlinear, kernels, models, options, runner, weights_cache  # noqa: F401
 
     marks["import specview"] = time.time() - launched
 
@@ -64,6 +65,7 @@ def child(out_path: str, extra: list[str]) -> int:
     if hasattr(models, "cast_copy"):
         timed(models, "cast_copy", "bfloat16 draft copy")
     timed(fastlinear, "install", "weight packing (fastlinear.install)")
+    timed(kernels, "prepare", "forward choice, compile or its disk cache (kernels.prepare)")
     init = engine.Decoder.__init__
 
     def ready(self, *args, **kwargs):

@@ -12,7 +12,7 @@ from specview.diagnosis import Figures, diagnose
 from specview.events import fmt
 from specview.metrics import ratio
 from specview.phases import PHASES
-from specview.profiling.render import config_diff, diagnosis_parts, roofline_table
+from specview.profiling.render import config_diff, diagnosis_parts, forwards_text, roofline_table
 
 
 def render_bench(path: str, doc: dict) -> Group:
@@ -30,7 +30,11 @@ def render(doc: dict) -> Group:
     load = (meta.get("load_avg") or {}).get("start")
     machine = (f"{meta.get('cpu')} · {meta.get('device')} · {meta.get('threads')} threads"
                + (f" · load average {load[0]:.2f} at start" if load else ""))
-    parts = [Text(head, style="bold"), Text(machine, style="dim") if meta else Text(""), methods_table(doc)]
+    parts = [Text(head, style="bold"), Text(machine, style="dim") if meta else Text("")]
+    forwards = forwards_text(meta)
+    if forwards is not None:
+        parts.append(forwards)
+    parts.append(methods_table(doc))
     ratios = doc.get("peer_ratios")
     if ratios:
         said = ", ".join(f"{name.replace('_over_', ' / ')} {fmt(value, '{:.2f}x')}" for name, value in ratios.items())

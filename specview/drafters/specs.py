@@ -1,6 +1,6 @@
 """`--draft` specs -> drafters (docs/design.md "Drafters"). One spec or a comma-separated list:
 
-    MODEL[@dtype]          a draft model (hub id, folder, .gguf, smollm2-135m); dtype float32|bfloat16|float16|int4
+    MODEL[@dtype]          a draft model (hub id, folder, .gguf, smollm2-135m); dtype float32|bfloat16|float16|int4|int4+head
     ngram[:max=4,min=1]    prompt lookup over prompt + generated tokens; q is one-hot
     self:skip=4-9,15       the target with these decoder layers skipped (0-based, ranges)
     self:auto              the skip set chosen by a short calibration on the prompt, printed

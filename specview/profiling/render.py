@@ -41,6 +41,9 @@ def _title(text: str) -> Text:
 def render_profile(path: str, doc: dict) -> Group:
     meta, s = doc["meta"], doc["summary"]
     parts: list = [_title(f"profile {path}"), config_line(meta), results_line(s), Text("")]
+    forwards = forwards_text(meta)
+    if forwards is not None:
+        parts.insert(2, forwards)
     parts.append(phase_table(s))
     parts.append(Text(""))
     pos = s.get("per_position_acceptance") or []
@@ -61,6 +64,32 @@ def render_profile(path: str, doc: dict) -> Group:
         parts += [Text(""), ops_table(doc["ops"])]
     parts += [Text(""), phase_glossary()]
     return Group(*parts)
+
+
+def describe_forward(spec: str, choice: dict) -> str:
+    """One line for --verbose, the loading panel and report, from ForwardChoice.to_json()."""
+    text = f"{spec}: forward {choice['mode']} ({choice['why']})"
+    if choice.get("compile_s") is not None:
+        text += f", compile {choice['compile_s']:.1f} s"
+    pieces = choice.get("pieces") or {}
+    if pieces:
+        text += "; one row / several rows: " + ", ".join(
+            f"{name} {p['one_row']}/{p['rows']}" for name, p in pieces.items())
+    return text
+
+
+def forwards_text(meta: dict) -> Text | None:
+    """Which forward each model ran (compiled or transformers' eager one) and each piece's kernel: two
+    profiles from different machines or modes say here why their times differ."""
+    forwards = meta.get("forwards")
+    if not isinstance(forwards, dict) or not forwards:
+        return None
+    lines = [describe_forward(str(spec), choice) for spec, choice in forwards.items()
+             if isinstance(choice, dict) and {"mode", "why"} <= set(choice)]
+    if any(isinstance(c, dict) and c.get("mode") == "compiled" for c in forwards.values()):
+        lines.append("layernorm is not timed in these forwards (its hooks see no module: the norms are fused); "
+                     "--compile off or --profile-ops gives it back")
+    return Text("forwards: " + "\n          ".join(lines), style="dim") if lines else None
 
 
 def config_line(meta: dict) -> Text:

@@ -1,0 +1,317 @@
+"""The engine's own decode forward for the Llama family, eager or compiled: the same product as
+transformers' forward (up to float summation order), with far fewer operators.
+
+A decoding forward at batch size 1 reads every weight once; what it adds on top of that read is the
+operators between the matmuls (norms, rotary, residual adds, SiLU, cache writes), a few dozen per
+layer, each a dispatch that costs microseconds whatever its size. Here a layer is two functions:
+
+    attn_in   RMSNorm, the q/k/v products (one fused matrix), rotary embedding
+    attn_out  the output projection, residual, RMSNorm, gate/up (one fused matrix), SiLU, down, residual
+
+with the attention itself between them (the new keys and values written into a preallocated cache,
+scaled_dot_product_attention over its filled prefix). With `compile`, torch.compile (inductor) fuses
+each function into a few C++ kernels; the same two compiled functions serve all layers (their weights
+are arguments), so a 30-layer model compiles two small graphs, not one long one, and inductor's disk
+cache makes the second start cheap. Shapes: one row (a token) and 2..K+1 rows (a verify, one graph
+with the row count symbolic) are compiled; a prefill runs the same functions eagerly.
+
+A matrix product of one row can run as a multiply-and-sum reduction that inductor writes as one
+vectorized pass over the weights (`gemv="reduce"`), or as a matmul kernel (`"mm"`): which is faster
+depends on the machine, so kernels.py probes it. Not a stock module forward, so no norm hook fires:
+the profile records the mode, and `--compile off` gives the layernorm phase back.
+
+Supported: LlamaForCausalLM and the models built like it (Mistral, Qwen2; SmolLM2 is a Llama), in
+float32, bfloat16, float16 or with int4 layers (drafters/int4.py). Others run transformers' forward.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+FAMILIES = ("llama", "mistral", "qwen2")
+INITIAL_CAPACITY = 256  # cache positions allocated first; doubled when a run needs more
+
+
+def unsupported_reason(model) -> str | None:
+    """None if this model can run the fast path, else why not (one phrase)."""
+    config = getattr(model, "config", None)
+    kind = getattr(config, "model_type", None)
+    if kind not in FAMILIES:
+        return f"model type {kind!r} is not one of {', '.join(FAMILIES)}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r} (only silu)"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", kind == "mistral"):
+        return "sliding-window attention"
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None or not hasattr(model.model, "rotary_emb"):
+        return "no model.layers / rotary_emb"
+    if any(next(iter(layer.parameters())).device.type != "cpu" for layer in layers):
+        return "not on the CPU"
+    for layer in layers:
+        attn = layer.self_attn
+        if hasattr(attn, "q_norm") or getattr(attn, "sliding_window", None):
+            return "query/key norms or sliding windows"
+    return None
+
+
+class StaticKV:
+    """Keys and values of every layer in preallocated buffers [1, kv_heads, capacity, head_dim]: a step
+    writes its rows in place (no concatenation) and attends to the filled prefix. Grows by doubling."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, capacity: int = INITIAL_CAPACITY):
+        self.shape = (1, kv_heads, capacity, head_dim)
+        self.keys = [torch.empty(self.shape, dtype=dtype) for _ in range(layers)]
+        self.values = [torch.empty(self.shape, dtype=dtype) for _ in range(layers)]
+        self.length = 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, count: int) -> None:
+        """kvcache.crop_cache's convention: a negative count drops that many positions from the end."""
+        self.length = max(0, self.length + count) if count < 0 else min(self.length, count)
+
+    def reserve(self, total: int) -> None:
+        capacity = self.shape[2]
+        if total <= capacity:
+            return
+        while capacity < total:
+            capacity *= 2
+        self.shape = (*self.shape[:2], capacity, self.shape[3])
+        for buffers in (self.keys, self.values):
+            for i, old in enumerate(buffers):
+                new = torch.empty(self.shape, dtype=old.dtype)
+                new[:, :, : self.length] = old[:, :, : self.length]
+                buffers[i] = new
+
+
+# ---- the layer, as two functions of tensors (the same code eager and compiled) ----
+
+def linear(x: torch.Tensor, w, gemv: str) -> torch.Tensor:
+    """x [rows, in] times a weight: ('dense', W [out, in], W packed for oneDNN | None, bias | None) or
+    ('int4', packed, scales_and_zeros, group, bias | None). `gemv` is the kernel for one row: 'reduce' (a
+    multiply-and-sum that inductor vectorizes), 'packed' (oneDNN on the packed copy) or 'mm' (F.linear);
+    several rows take the packed copy when there is one (fastlinear's probe decided), else F.linear."""
+    if w[0] == "int4":
+        # torch's int4 kernel in every case: written as torch ops (unpack, scale, multiply, sum), inductor's
+        # one-row loop over 4-bit codes ran 2-4x slower than the kernel (AVX-512 EPYC, torch 2.13).
+        _, packed, sz, group, bias, _codes = w
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, sz).to(x.dtype)
+        return y if bias is None else y + bias
+    _, weight, packed, bias = w
+    if x.shape[0] == 1 and gemv == "reduce":
+        y = (x.unsqueeze(-2) * weight).sum(-1)
+    elif packed is not None and (x.shape[0] > 1 or gemv == "packed"):
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    else:
+        return F.linear(x, weight, bias)
+    return y if bias is None else y + bias
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: in float32, then back to the input dtype before the weight."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def attn_in(h, norm_w, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int, gemv: str):
+    """h [rows, hidden] -> q [1, heads, rows, d], k and v [1, kv_heads, rows, d] (k and q rotated)."""
+    rows = h.shape[0]
+    x = rms_norm(h, norm_w, eps)
+    if qkv[0] == "fused":
+        y = linear(x, qkv[1], gemv)
+        q, k, v = y.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    else:
+        q, k, v = (linear(x, w, gemv) for w in qkv[1:])
+    q = q.view(rows, heads, head_dim).transpose(0, 1).unsqueeze(0)
+    k = k.view(rows, kv_heads, head_dim).transpose(0, 1).unsqueeze(0)
+    v = v.view(rows, kv_heads, head_dim).transpose(0, 1).unsqueeze(0)
+    return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+
+def attn_out(h, attn, o, norm_w, eps: float, gate_up, down, inter: int, gemv: str):
+    """The rest of the layer: h + o(attn), then + down(silu(gate) * up) of its norm."""
+    rows = h.shape[0]
+    h = h + linear(attn.transpose(1, 2).reshape(rows, -1), o, gemv)
+    x = rms_norm(h, norm_w, eps)
+    if gate_up[0] == "fused":
+        gate, up = linear(x, gate_up[1], gemv).split([inter, inter], dim=-1)
+    else:
+        gate, up = linear(x, gate_up[1], gemv), linear(x, gate_up[2], gemv)
+    return h + linear(F.silu(gate) * up, down, gemv)
+
+
+def head(h, norm_w, eps: float, w, gemv: str):
+    return linear(rms_norm(h, norm_w, eps), w, gemv)
+
+
+class FastForward:
+    """The fast forward of one model: its weights gathered once (q/k/v and gate/up fused into one matrix
+    each: a copy, the same memory price as fastlinear's packed copy), its functions eager or compiled."""
+
+    def __init__(self, model, compiled: bool, gemv: str = "mm"):
+        self.model_ref = weakref.ref(model)
+        cfg = model.config
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.inter = cfg.intermediate_size
+        self.eps = cfg.rms_norm_eps
+        self.scale = self.head_dim ** -0.5
+        self.dtype = model.model.embed_tokens.weight.dtype
+        self.gemv, self.compiled = gemv, compiled
+        self.layers = [self._gather(layer) for layer in model.model.layers]
+        self.final_norm = model.model.norm.weight
+        self.lm_head = _weight(model.lm_head)
+        self.fns = _functions(compiled)
+
+    def _gather(self, layer) -> dict:
+        attn, mlp = layer.self_attn, layer.mlp
+        return {
+            "norm1": layer.input_layernorm.weight, "norm2": layer.post_attention_layernorm.weight,
+            "qkv": _fuse(attn.q_proj, attn.k_proj, attn.v_proj), "o": _weight(attn.o_proj),
+            "gate_up": _fuse(mlp.gate_proj, mlp.up_proj), "down": _weight(mlp.down_proj),
+        }
+
+    def pieces(self) -> dict:
+        """What runs each weight matrix (layer 0's stand for every layer's): for --verbose, profiles, report."""
+        layer = self.layers[0]
+        named = {"qkv": layer["qkv"], "o": ("fused", layer["o"]), "gate_up": layer["gate_up"],
+                 "down": ("fused", layer["down"]), "head": ("fused", self.lm_head)}
+        out = {}
+        for name, group in named.items():
+            w = group[1]
+            if w[0] == "int4":
+                shape, dtype, one_row, rows = [w[1].shape[0], w[2].shape[0] * w[3]], "int4", "int4", "int4"
+            else:
+                shape, dtype = list(w[1].shape), str(w[1].dtype).removeprefix("torch.")
+                one_row = self.gemv if self.compiled else ("packed" if w[2] is not None else "mm")
+                rows = "packed" if w[2] is not None else "mm"
+            out[name] = {"shape": shape, "dtype": dtype, "one_row": one_row, "rows": rows,
+                         "fused": group[0] == "fused" and name in ("qkv", "gate_up")}
+        return out
+
+    def new_cache(self) -> StaticKV:
+        return StaticKV(len(self.layers), self.kv_heads, self.head_dim, self.dtype)
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, cache: StaticKV, keep: int) -> torch.Tensor:
+        """ids [rows] appended to `cache` -> logits [keep, vocab] of the last `keep` rows (0: all)."""
+        model = self.model_ref()
+        rows, start = ids.numel(), cache.length
+        cache.reserve(start + rows)
+        # One row (a decoding or drafting step) runs compiled; several rows (a verify, a prefill) run the same
+        # functions eagerly on the packed weights: oneDNN's kernel cannot sit inside an inductor graph whose
+        # weights are arguments, and one-row graphs are where the dispatch overhead weighs most.
+        compiled = self.compiled and rows == 1
+        fns, gemv = (self.fns, self.gemv) if compiled else (_EAGER, "packed")
+        h = model.model.embed_tokens(ids)
+        positions = torch.arange(start, start + rows).unsqueeze(0)
+        cos, sin = model.model.rotary_emb(h, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, rows, d]: broadcast over heads
+        end = start + rows
+        # Queries see every cached position and the new rows up to their own (a causal block at the end).
+        mask = None if rows == 1 else torch.ones(rows, end, dtype=torch.bool).tril(start)
+        for i, w in enumerate(self.layers):
+            q, k, v = fns.attn_in(h, w["norm1"], self.eps, w["qkv"], cos, sin, self.heads, self.kv_heads,
+                                  self.head_dim, gemv)
+            cache.keys[i][:, :, start:end] = k
+            cache.values[i][:, :, start:end] = v
+            attn = F.scaled_dot_product_attention(q, cache.keys[i][:, :, :end], cache.values[i][:, :, :end],
+                                                  attn_mask=mask, scale=self.scale,
+                                                  enable_gqa=self.heads != self.kv_heads)
+            h = fns.attn_out(h, attn, w["o"], w["norm2"], self.eps, w["gate_up"], w["down"], self.inter, gemv)
+        cache.length = end
+        if keep:
+            h = h[-keep:]
+        return fns.head(h, self.final_norm, self.eps, self.lm_head, gemv)
+
+
+def _weight(module):
+    """A linear module as linear()'s weight tuple (nn.Linear or drafters.int4.Int4Linear)."""
+    if type(module).__name__ == "Int4Linear":
+        return ("int4", module.packed, module.scales_and_zeros, module.group_size, module.bias,
+                getattr(module, "halves", None))
+    return _dense(module.weight.detach(), module.bias)
+
+
+def _dense(weight: torch.Tensor, bias):
+    from specview import fastlinear
+
+    packed = fastlinear.pack(weight) if fastlinear.wanted(weight.dtype, tuple(weight.shape)) else None
+    return ("dense", weight, packed, bias)
+
+
+def _fuse(*modules):
+    """One matrix for the products that read the same input (q/k/v, gate/up): one pass, one call. int4
+    layers stay separate (their packed codes are not laid out by rows)."""
+    if any(type(m).__name__ == "Int4Linear" for m in modules):
+        return _fuse_int4(modules)
+    weights = [m.weight.detach() for m in modules]
+    biases = [m.bias for m in modules]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [b.detach() if b is not None else torch.zeros(w.shape[0], dtype=w.dtype) for b, w in zip(biases, weights)])
+    return ("fused", _dense(torch.cat(weights), bias))
+
+
+def _fuse_int4(modules):
+    """int4 layers fused by stacking their codes (recovered from the split_halves layout) and repacking:
+    the same codes, scales and zeros, one kernel call instead of three (or two)."""
+    from specview.drafters.int4 import _pack
+
+    weights = [_weight(m) for m in modules]
+    if any(w[0] != "int4" or w[4] is not None or w[5] is None for w in weights) or len({w[3] for w in weights}) > 1:
+        return ("split", *weights)
+    halves = torch.cat([w[5] for w in weights])
+    codes = torch.cat([(halves & 15).to(torch.int32), (halves >> 4).to(torch.int32)], dim=1)
+    scales_and_zeros = torch.cat([w[2] for w in weights], dim=1).contiguous()
+    return ("fused", ("int4", _pack(codes), scales_and_zeros, weights[0][3], None, halves))
+
+
+class _Fns:
+    def __init__(self, attn_in, attn_out, head):
+        self.attn_in, self.attn_out, self.head = attn_in, attn_out, head
+
+
+_EAGER = _Fns(attn_in, attn_out, head)
+_COMPILED: _Fns | None = None
+
+
+def _functions(compiled: bool) -> _Fns:
+    """The eager functions, or their compiled versions (made once per process, shared by every model)."""
+    global _COMPILED
+    if not compiled:
+        return _EAGER
+    if _COMPILED is None:
+        from specview import compiler
+
+        _COMPILED = _Fns(*(compiler.compile_fn(fn) for fn in (attn_in, attn_out, head)))
+    return _COMPILED
+
+
+# ---- which models run it ----
+
+_runners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> FastForward
+
+
+def install(model, compiled: bool, gemv: str = "mm") -> FastForward:
+    runner = _runners.get(model)
+    if runner is None or runner.compiled != compiled or runner.gemv != gemv:
+        runner = _runners[model] = FastForward(model, compiled, gemv)
+    return runner
+
+
+def uninstall(model) -> None:
+    _runners.pop(model, None)
+
+
+def runner_for(model) -> FastForward | None:
+    return _runners.get(model)

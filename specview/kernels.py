@@ -1,0 +1,178 @@
+"""Which kernel runs each piece of a forward on this machine, and whether the forward runs compiled.
+
+`--compile auto|on|off` (Settings.compile):
+
+    off   transformers' own forward (fastlinear's packed matmuls inside it); every norm hook fires
+    on    fastdecode's forward, one-row steps compiled with inductor (an error where it cannot run)
+    auto  `on` where the model can run it and a probe on this machine finds it faster, else `off`
+
+Per piece (each distinct weight matrix of the fast forward: the fused q/k/v, o, the fused gate/up, down,
+the head; the embedding is a lookup), the one-row product runs as a compiled multiply-and-sum
+('reduce'), a compiled F.linear ('mm') or torch's int4 kernel ('int4'); several rows run oneDNN on a
+packed copy ('packed', where fastlinear's probe finds it faster), F.linear ('mm') or 'int4'. Only
+kernels that compute the same product up to float summation order are chosen automatically: an
+`@int4` model keeps its codes, a float32 one its float32 weights.
+
+Every probe's result is kept per machine (host, CPU and its ISA flags), torch version and thread count
+in the cache folder (machine.py), so every process on the machine runs the same kernels and a second
+start probes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specview import compiler, fastdecode, machine
+from specview.errors import SpecviewError
+
+MODES = ("auto", "on", "off")
+CHOICE_FILE = "kernels.json"
+GAIN = 0.95  # the compiled forward must be at least 5% faster to be chosen: on a tie keep the stock code
+
+
+@dataclass
+class ForwardChoice:
+    """What a model's forward runs, for --verbose, the profile's config and report."""
+
+    mode: str  # "compiled" | "eager" (transformers' forward)
+    why: str  # one phrase: the probe's figures, or why the compiled path does not apply
+    pieces: dict = field(default_factory=dict)  # piece -> {"shape", "dtype", "one_row", "rows"}
+    compile_s: float | None = None  # time to compile (cold) or load from inductor's cache (warm)
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "why": self.why, "pieces": self.pieces, "compile_s": self.compile_s}
+
+
+def _key(model, what: str) -> str:
+    cfg = model.config
+    shape = f"{cfg.model_type} h{cfg.hidden_size} L{cfg.num_hidden_layers} v{cfg.vocab_size}"
+    dtype = str(model.model.embed_tokens.weight.dtype).removeprefix("torch.")
+    int4 = any(type(m).__name__ == "Int4Linear" for m in model.modules())
+    return (f"{machine.host_key()}/torch {torch.__version__}/threads={torch.get_num_threads()}/{what}/"
+            f"{shape}/{dtype}{'+int4' if int4 else ''}")
+
+
+def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
+    """Decide and install the forward of one LoadedModel (fastdecode.install, or nothing for eager)."""
+    if mode not in MODES:
+        raise SpecviewError(f"--compile {mode}: use auto, on or off")
+    model = lm.model
+    fastdecode.uninstall(model)
+    if mode == "off":
+        return ForwardChoice("eager", "--compile off")
+    if mode == "auto" and os.environ.get("SPECVIEW_COMPILE") == "0":  # the test suite's default: see conftest
+        return ForwardChoice("eager", "SPECVIEW_COMPILE=0")
+    reason = fastdecode.unsupported_reason(model) or compiler.unavailable_reason()
+    if reason:
+        if mode == "on":
+            raise SpecviewError(f"--compile on: {lm.spec} cannot run compiled here: {reason} (use --compile auto or off)")
+        return ForwardChoice("eager", f"not compiled: {reason}")
+    cached = machine.read_cached(CHOICE_FILE)
+    key = _key(model, "forward")
+    decided = cached.get(key) if isinstance(cached.get(key), dict) else None
+    if mode == "auto" and decided and decided.get("mode") == "eager":
+        return ForwardChoice("eager", decided.get("why", "a probe found it no faster compiled"))
+    gemv = one_row_kernel(model, say)
+    say(f"compiling {lm.spec}'s one-row forward (inductor; cached on disk after the first time)")
+    t0 = time.perf_counter()
+    runner = fastdecode.install(model, compiled=True, gemv=gemv)
+    _warm(runner)
+    compile_s = time.perf_counter() - t0
+    pieces = runner.pieces()
+    if mode == "on":
+        return ForwardChoice("compiled", "--compile on", pieces, compile_s)
+    if decided and decided.get("mode") == "compiled":
+        return ForwardChoice("compiled", decided.get("why", ""), pieces, compile_s)
+    compiled_ms, eager_ms = _probe_forward(lm, runner)
+    choice = "compiled" if compiled_ms < GAIN * eager_ms else "eager"
+    why = f"one-token forward {compiled_ms:.1f} ms compiled against {eager_ms:.1f} ms eager (probe)"
+    cached[key] = {"mode": choice, "why": why, "compiled_ms": compiled_ms, "eager_ms": eager_ms,
+                   "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    machine.store_cached(CHOICE_FILE, cached)
+    if choice == "eager":
+        fastdecode.uninstall(model)
+        return ForwardChoice("eager", why)
+    return ForwardChoice("compiled", why, pieces, compile_s)
+
+
+def _warm(runner) -> None:
+    """Compile (or load from the disk cache) the one-row graphs before the first timed step."""
+    cache = runner.new_cache()
+    runner(torch.zeros(2, dtype=torch.long), cache, 1)  # a two-row prefill: eager
+    runner(torch.zeros(1, dtype=torch.long), cache, 1)  # one row: compiled now
+
+
+def _probe_forward(lm, runner, rounds: int = 7) -> tuple[float, float]:
+    """Median one-token forward, compiled against transformers' (with fastlinear), interleaved."""
+    from transformers import DynamicCache
+
+    from specview import fastlinear
+    from specview.kvcache import crop_cache
+
+    fastlinear.install(lm.model)
+    prefix = torch.zeros(1, 16, dtype=torch.long)
+    static = runner.new_cache()
+    runner(prefix[0], static, 1)
+    dynamic = DynamicCache(config=lm.model.config)
+    one = torch.zeros(1, 1, dtype=torch.long)
+    times: dict[str, list[float]] = {"compiled": [], "eager": []}
+    with torch.inference_mode(), fastlinear.active():
+        lm.model(input_ids=prefix, past_key_values=dynamic, use_cache=True, logits_to_keep=1)
+        for i in range(rounds + 1):
+            t0 = time.perf_counter()
+            runner(one[0], static, 1)
+            t1 = time.perf_counter()
+            lm.model(input_ids=one, past_key_values=dynamic, use_cache=True, logits_to_keep=1)
+            t2 = time.perf_counter()
+            static.crop(-1)
+            crop_cache(dynamic, 16)
+            if i:  # the first round warms up
+                times["compiled"].append(t1 - t0)
+                times["eager"].append(t2 - t1)
+    return statistics.median(times["compiled"]) * 1000, statistics.median(times["eager"]) * 1000
+
+
+def one_row_kernel(model, say=lambda msg: None) -> str:
+    """'reduce' or 'mm' for the compiled one-row products of this model's dtype: a compiled product of
+    one row by the model's largest layer matrix, both ways, over enough copies to stream from memory."""
+    head = model.get_output_embeddings()
+    dense = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    if not dense and isinstance(head, torch.nn.Linear):  # every layer matrix is int4: only the head is dense
+        dense = [head.weight]
+    if not dense:  # nothing dense at all: the one-row kernel is torch's int4 one
+        return "mm"
+    weight = max(dense, key=lambda w: w.numel())
+    dtype, shape = weight.dtype, tuple(weight.shape)
+    cached = machine.read_cached(CHOICE_FILE)
+    key = f"{machine.host_key()}/torch {torch.__version__}/threads={torch.get_num_threads()}/one_row/{dtype}/{shape}"
+    if isinstance(cached.get(key), dict) and cached[key].get("kernel") in ("reduce", "mm"):
+        return cached[key]["kernel"]
+    say(f"probing the one-row kernel for {str(dtype).removeprefix('torch.')} {shape[0]}x{shape[1]}")
+    seconds = {name: _probe_one_row(name, dtype, shape) for name in ("reduce", "mm")}
+    kernel = min(seconds, key=seconds.get)
+    cached[key] = {"kernel": kernel, **{f"{name}_s": s for name, s in seconds.items()},
+                   "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    machine.store_cached(CHOICE_FILE, cached)
+    return kernel
+
+
+def _probe_one_row(kernel: str, dtype, shape, budget_bytes: int = 64 * 2**20, repeats: int = 5) -> float:
+    count = max(2, min(64, budget_bytes // (shape[0] * shape[1] * torch.finfo(dtype).bits // 8)))
+    weights = [("dense", torch.randn(*shape, dtype=dtype), None, None) for _ in range(count)]
+    x = torch.randn(1, shape[1], dtype=dtype)
+    product = compiler.compile_fn(fastdecode.linear)
+    best = float("inf")
+    with torch.inference_mode():
+        for w in weights[:1]:
+            product(x, w, kernel)  # compile
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for w in weights:
+                product(x, w, kernel)
+            best = min(best, time.perf_counter() - t0)
+    return best

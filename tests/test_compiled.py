@@ -1,0 +1,161 @@
+"""The compiled decode path (fastdecode.py, kernels.py): the same numbers as transformers' forward, the
+same greedy tokens, the target's exact law when sampling, and a clear answer where it cannot run.
+
+Compiling needs a C++ compiler (inductor builds CPU kernels with it): without one these tests skip,
+saying so. Each tiny shape compiles once per test session (inductor's cache lives in the session's
+temp cache folder)."""
+
+import copy
+
+import pytest
+import torch
+from test_lossless import CASES, drafter_counts, exact_joint, tv, tv_threshold
+
+import specview.engine as engine
+from specview import compiler, fastdecode, kernels
+from specview.drafters.int4 import int4_copy
+from specview.engine import Decoder
+from specview.errors import SpecviewError
+from specview.kvcache import crop_cache, new_cache
+from specview.models import LoadedModel
+from specview.settings import SamplingConfig
+
+needs_compiler = pytest.mark.skipif(compiler.unavailable_reason() is not None,
+                                    reason=f"cannot compile here: {compiler.unavailable_reason()}")
+PROMPT = [1, 5, 6, 7, 5, 6]
+
+
+def as_int4(lm) -> LoadedModel:
+    return LoadedModel(lm.spec + "@int4", int4_copy(lm.model), lm.tokenizer, lm.device, torch.bfloat16,
+                       lm.context_len)
+
+
+def as_bfloat16(lm) -> LoadedModel:
+    return LoadedModel(lm.spec + "@bfloat16", copy.deepcopy(lm.model).to(torch.bfloat16), lm.tokenizer, lm.device,
+                       torch.bfloat16, lm.context_len)
+
+
+def hf_logits(lm, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return lm.model(input_ids=torch.tensor([ids])).logits[0].float()
+
+
+def fast_logits(runner, ids: list[int], splits=(4, 1, 1)) -> torch.Tensor:
+    """The same ids fed as a prefill, then one row, then the rest (a verify): every shape the engine uses."""
+    cache, out, start = runner.new_cache(), [], 0
+    for size in splits:
+        out.append(runner(torch.tensor(ids[start:start + size]), cache, 0).float())
+        start += size
+    assert cache.get_seq_length() == len(ids)
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("variant", ["float32", "bfloat16", "int4"])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_compiler)])
+def test_fast_forward_computes_what_transformers_computes(small_llama_pair, variant, compiled):
+    target, _ = small_llama_pair
+    lm = {"float32": target, "bfloat16": as_bfloat16(target), "int4": as_int4(target)}[variant]
+    tolerance = 1e-4 if variant == "float32" else 0.1  # bfloat16 rounds differently in another op order
+    runner = fastdecode.FastForward(lm.model, compiled, gemv="reduce")
+    got, want = fast_logits(runner, PROMPT), hf_logits(lm, PROMPT)
+    assert torch.allclose(got, want, atol=tolerance, rtol=tolerance), (got - want).abs().max()
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_static_cache_crops_and_grows(small_llama_pair):
+    target, _ = small_llama_pair
+    runner = fastdecode.FastForward(target.model, compiled=False)
+    cache = runner.new_cache()
+    cache.shape = (*cache.shape[:2], 2, cache.shape[3])  # a tiny capacity, so the next forward must grow it
+    cache.keys = [k[:, :, :2].clone() for k in cache.keys]
+    cache.values = [v[:, :, :2].clone() for v in cache.values]
+    runner(torch.tensor(PROMPT), cache, 1)
+    assert cache.get_seq_length() == len(PROMPT) and cache.keys[0].shape[2] >= len(PROMPT)
+    crop_cache(cache, 3)  # the engine's helper: crop(keep - length)
+    assert cache.get_seq_length() == 3
+    # What follows a crop is computed from the kept prefix only: as if the rest had never been fed.
+    again = runner(torch.tensor(PROMPT[3:]), cache, 0).float()
+    assert torch.allclose(again, hf_logits(target, PROMPT)[3:], atol=1e-4)
+
+
+@needs_compiler
+@pytest.mark.parametrize("k", [1, 3])
+def test_greedy_speculative_compiled_equals_greedy_autoregressive(small_llama_pair, k):
+    target, draft = small_llama_pair
+    greedy = SamplingConfig(temperature=0)
+    reference = Decoder(target, None, greedy, ignore_eos=True)  # transformers' forward
+    want = list(reference.generate(PROMPT, 24))
+    for lm in (target, draft):
+        kernels.prepare(lm, "on")
+    try:
+        assert isinstance(new_cache(target), fastdecode.StaticKV)
+        got = list(Decoder(target, draft, greedy, k=k, ignore_eos=True).generate(PROMPT, 24))
+    finally:
+        for lm in (target, draft):
+            fastdecode.uninstall(lm.model)
+    assert emitted(got) == emitted(want)
+    assert any(step.rejected_at is not None for step in got), "the draft must be rejected sometimes"
+
+
+def emitted(steps) -> list[int]:
+    return [token for step in steps for token in step.emitted]
+
+
+@pytest.fixture
+def compiled_pair(small_llama_pair):
+    target, draft = small_llama_pair
+    for lm in (target, draft):
+        kernels.prepare(lm, "on")
+    yield target, draft
+    for lm in (target, draft):
+        fastdecode.uninstall(lm.model)
+
+
+@needs_compiler
+@pytest.mark.parametrize("cfg_name", ["temperature 1", "temperature 0.7, top-k 3"])
+def test_compiled_speculative_keeps_the_target_law(compiled_pair, cfg_name):
+    target, draft = compiled_pair
+    cfg = CASES[cfg_name]
+    exact = exact_joint(target, cfg, 8, prompt=PROMPT)  # transformers' own forward, all 512 sequences
+    counts, drafted, rejected = drafter_counts(target, draft, cfg, k=2, vocab=8, prompt=PROMPT)
+    assert drafted > 1000 and rejected > 300, "the draft must propose, and be rejected, often"
+    assert tv(counts, exact) < tv_threshold(exact), f"compiled, {cfg_name}: output is not the target's law"
+
+
+@needs_compiler
+def test_compiled_law_test_has_power(compiled_pair, monkeypatch):
+    target, draft = compiled_pair
+    cfg = CASES["temperature 1"]
+    monkeypatch.setattr(engine, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
+    exact = exact_joint(target, cfg, 8, prompt=PROMPT)
+    counts, _, _ = drafter_counts(target, draft, cfg, k=2, vocab=8, prompt=PROMPT)
+    assert tv(counts, exact) > tv_threshold(exact)
+
+
+def test_compile_on_refuses_a_family_it_does_not_run(small_vocab_pair, monkeypatch):
+    gpt2, _ = small_vocab_pair
+    monkeypatch.delenv("SPECVIEW_COMPILE")
+    with pytest.raises(SpecviewError, match="cannot run compiled here: model type 'gpt2'"):
+        kernels.prepare(gpt2, "on")
+    choice = kernels.prepare(gpt2, "auto")
+    assert choice.mode == "eager" and "gpt2" in choice.why
+    assert kernels.prepare(gpt2, "off").mode == "eager"
+
+
+@needs_compiler
+def test_auto_decides_once_per_machine_and_keeps_the_choice(small_llama_pair, monkeypatch):
+    target, _ = small_llama_pair
+    monkeypatch.delenv("SPECVIEW_COMPILE")
+    first = kernels.prepare(target, "auto")
+    assert first.mode in ("compiled", "eager") and "probe" in first.why
+    assert first.compile_s is None or first.compile_s < 600  # a hang guard, not a timing test
+
+    def no_second_probe(*args):
+        raise AssertionError("the choice is kept per machine: no second probe")
+
+    monkeypatch.setattr(kernels, "_probe_forward", no_second_probe)
+    monkeypatch.setattr(kernels, "_probe_one_row", no_second_probe)
+    second = kernels.prepare(target, "auto")
+    assert second.mode == first.mode and second.why == first.why
+    assert (fastdecode.runner_for(target.model) is not None) == (second.mode == "compiled")
+    fastdecode.uninstall(target.model)
