@@ -5,7 +5,7 @@ STAMP   := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test stress bench bench-llamacpp bench-copy eval fidelity lint check clean
+.PHONY: install run test fuzz stress bench bench-llamacpp bench-copy eval fidelity lint check clean
 
 install: $(STAMP)
 
@@ -24,6 +24,15 @@ run: install
 
 test: install
 	$(PY) -m pytest -q tests
+
+# The fuzz tests' long form (make test runs them short, seeded): random seeds, 20x the examples, each test
+# stopped after FUZZ_SECONDS. The HTTP API from its OpenAPI schema (schemathesis), every parser, the files
+# report and eval --resume read, the TUI's engine stream. A failure prints the @reproduce_failure to replay it.
+FUZZ_SECONDS ?= 60
+fuzz: install
+	SPECVIEW_FUZZ=long SPECVIEW_FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -q -p no:cacheprovider --timeout 1800 \
+		tests/test_fuzz_api.py tests/test_fuzz_serve_inputs.py tests/test_fuzz_parsers.py \
+		tests/test_fuzz_documents.py tests/test_fuzz_protocol.py
 
 # The signal and quit tests STRESS_N times in a row while another process keeps one core busy
 # (stopping must not depend on timing): make stress STRESS_N=30.

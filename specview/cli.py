@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         return tui_command(args)
     except SpecviewError as err:
         prog = "specview" + (f" {command}" if command else "")
-        print(f"{prog}: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {' '.join(str(err).splitlines())}", file=sys.stderr)  # one line, whatever it quotes
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

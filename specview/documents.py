@@ -41,6 +41,8 @@ def load(path: str) -> tuple[str, dict]:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
         raise SpecviewError(_bad_json(path, text, err)) from None
+    except (RecursionError, ValueError):  # [[[[...: nested past the parser's stack; 5000-digit numbers
+        raise SpecviewError(f"{path} is not a specview file: JSON nested too deeply or numbers too long") from None
     if not isinstance(doc, dict):
         raise SpecviewError(f"{path} holds a JSON {type(doc).__name__}, not a specview profile or bench file")
     if "traceEvents" in doc:

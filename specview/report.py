@@ -7,12 +7,14 @@ the files; this module dispatches. Nothing imports it but the CLI.
 from __future__ import annotations
 
 import argparse
+import io
 
 from rich.console import Console
 from rich.text import Text
 
 from specview.bench.tables import compare_bench, render_bench
 from specview.documents import BENCH_SCHEMA, EVAL_SCHEMA, PROFILE_SCHEMA, load
+from specview.errors import SpecviewError
 from specview.eval.tables import compare_evals, render_eval
 from specview.options import Parser
 from specview.profiling.render import compare_profiles, render_profile
@@ -45,12 +47,37 @@ def report_command(args) -> int:
     console = Console(highlight=False)
     if not console.is_terminal:
         console.width = max(console.width, 120)
-    if second is None:
-        console.print(render(*first))
-    elif first[1]["schema"] == second[1]["schema"]:
-        console.print(COMPARE[first[1]["schema"]](first, second))
-    else:
-        console.print(Text("two kinds of file: shown one after the other", style="dim"))
-        console.print(render(*first))
-        console.print(render(*second))
+    try:
+        with console.capture() as page:  # the whole page first: a damaged file prints nothing but its error
+            if second is None:
+                console.print(render(*first))
+            elif first[1]["schema"] == second[1]["schema"]:
+                console.print(COMPARE[first[1]["schema"]](first, second))
+            else:
+                console.print(Text("two kinds of file: shown one after the other", style="dim"))
+                console.print(render(*first))
+                console.print(render(*second))
+    except DAMAGE as err:
+        raise SpecviewError(_damaged(first, second, err)) from None
+    console.file.write(page.get())
     return 0
+
+
+# What rendering a file with a value missing or of the wrong type raises (the loader checks the outline only).
+DAMAGE = (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError,
+          RecursionError)
+
+
+def _damaged(first: tuple[str, dict], second: tuple[str, dict] | None, err: Exception) -> str:
+    """Name the file that cannot be rendered: each alone, then the pair."""
+    reason = f"{type(err).__name__}: {' '.join(str(err).split())[:120]}"
+    for path, doc in filter(None, (first, second)):
+        try:
+            with Console(file=io.StringIO(), width=120).capture():
+                render(path, doc)
+        except DAMAGE as alone:
+            reason = f"{type(alone).__name__}: {' '.join(str(alone).split())[:120]}"
+            return (f"{path} is a damaged {doc['schema']} file: a value is missing or of the wrong type ({reason}); "
+                    "was it edited by hand?")
+    return (f"{first[0]} and {second[0]} cannot be compared: a value is missing or of the wrong type in one of "
+            f"them ({reason})")

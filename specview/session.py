@@ -18,6 +18,7 @@ from specview.engine import Decoder
 from specview.errors import SpecviewError
 from specview.models import LoadedModel, check_same_vocab, load_model, resolve_device
 from specview.settings import Settings
+from specview.text import text_problem
 from specview.timing import PhaseTimer
 
 
@@ -78,6 +79,9 @@ def _version() -> str:
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
+    problem = text_problem(prompt)
+    if problem:  # the tokenizer would raise a TypeError that names none of this
+        raise SpecviewError(f"the prompt is not text: {problem}")
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise SpecviewError("--chat: this tokenizer has no chat template; drop --chat")
@@ -111,6 +115,9 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
     """Load the target and every drafter of `settings.draft` (a spec or a comma-separated list; DESIGN
     "Drafters"), tokenize the prompt, check vocabularies and context. Bad specs fail before any load."""
     say = on_progress or (lambda msg: None)
+    problem = text_problem(settings.prompt or "")
+    if problem:  # before the load, not after it
+        raise SpecviewError(f"--prompt is not text: {problem}")
     specs = split_specs(settings.draft) if with_draft else []
     kinds = [drafter_kind(spec) for spec in specs]  # an unknown kind fails here, before the load
     if settings.threads:

@@ -24,6 +24,7 @@ import math
 import queue
 import threading
 import time
+import traceback
 from collections import deque
 
 import torch
@@ -127,10 +128,11 @@ class EngineWorker:
             raise ApiError(422, str(err).replace("--chat", "chat").replace("give --prompt", "give a prompt"),
                            "chat" if settings.chat else "prompt") from None
         draft_model = getattr(self.drafters[draft], "lm", None) if draft else None
+        models = [self.session.target, draft_model]
         try:
-            check_context([self.session.target, draft_model], len(prompt_ids), settings.max_new_tokens)
+            check_context(models, len(prompt_ids), settings.max_new_tokens)
         except SpecviewError as err:
-            raise ApiError(422, str(err).replace("-N", "max_new_tokens"), "max_new_tokens") from None
+            raise ApiError(422, str(err).replace("-N", "max_new_tokens"), _context_field(models, len(prompt_ids))) from None
         return prompt_ids
 
     def request_stop(self, reason: str = "requested") -> None:
@@ -196,8 +198,9 @@ class EngineWorker:
             self._run(job)
         except Exception as err:  # noqa: BLE001 - one failed request must not end the server
             self.metrics.requests.labels("error").inc()
-            record = {"type": "error", "status": 500, "error": f"{type(err).__name__}: {err}", "field": None,
-                      "request": job.id}
+            traceback.print_exc()  # for the operator; the client learns only that it is the server's fault
+            record = {"type": "error", "status": 500, "error": f"internal error ({type(err).__name__}): see the "
+                      "server's log", "field": None, "request": job.id}
             self._send(job, record)
         finally:
             self.running = None
@@ -264,3 +267,12 @@ class EngineWorker:
         end["request"] = job.id
         job.sequence_text = decode(run.tokens)  # read by the loop once `end` arrives there
         self._send(job, end)
+
+
+def _context_field(models, prompt_len: int) -> str:
+    """The field to change when prompt + N is past the context: the prompt once it leaves no room at all."""
+    try:
+        check_context(models, prompt_len, 1)
+    except SpecviewError:
+        return "prompt"
+    return "max_new_tokens"
