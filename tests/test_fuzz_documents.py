@@ -19,9 +19,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specview.cli import main
+from specview.documents import newest_profile
 from specview.errors import SpecviewError
 from specview.eval.document import load_resume
-from specview.report import build_report_parser, newest_profile, report_command
+from specview.report import build_report_parser, report_command
 
 HOSTILE = [None, True, False, 0, -1, 10**30, -(10**30), 1e308, -1e308, math.nan, math.inf, -math.inf, 0.5, "",
            "x", "\u202e", [], [None], [1, "a"], {}, {"a": None}]
