@@ -5,7 +5,7 @@ STAMP   := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test stress bench bench-copy eval fidelity lint check clean
+.PHONY: install run test fuzz stress bench bench-llamacpp bench-copy eval fidelity lint check clean
 
 install: $(STAMP)
 
@@ -25,6 +25,15 @@ run: install
 test: install
 	$(PY) -m pytest -q tests
 
+# The fuzz tests' long form (make test runs them short, seeded): random seeds, 20x the examples, each test
+# stopped after FUZZ_SECONDS. The HTTP API from its OpenAPI schema (schemathesis), every parser, the files
+# report and eval --resume read, the TUI's engine stream. A failure prints the @reproduce_failure to replay it.
+FUZZ_SECONDS ?= 60
+fuzz: install
+	SPECVIEW_FUZZ=long SPECVIEW_FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -q -p no:cacheprovider --timeout 1800 \
+		tests/test_fuzz_api.py tests/test_fuzz_serve_inputs.py tests/test_fuzz_parsers.py \
+		tests/test_fuzz_documents.py tests/test_fuzz_protocol.py
+
 # The signal and quit tests STRESS_N times in a row while another process keeps one core busy
 # (stopping must not depend on timing): make stress STRESS_N=30.
 STRESS_N ?= 30
@@ -32,7 +41,8 @@ STRESS_TESTS := tests/test_cli.py::test_signal_mid_step_finishes_the_step_then_s
 	tests/test_cli.py::test_real_signal_mid_run_still_ends_cleanly tests/test_tui_command.py tests/test_engine_process.py \
 	tests/test_tui.py::test_every_quit_key_writes_a_profile \
 	tests/test_tui.py::test_quit_during_a_step_in_flight_waits_for_it_and_exits \
-	tests/test_tui.py::test_e_exports_a_profile_and_quit_rewrites_it
+	tests/test_tui.py::test_e_exports_a_profile_and_quit_rewrites_it \
+	tests/test_eval.py::test_a_real_sigint_stops_after_the_current_prompt_then_resumes
 stress: install
 	python3 -c "while True: pass" & busy=$$!; log=$$(mktemp); trap "kill $$busy; rm -f $$log" EXIT; \
 	for i in $$(seq $(STRESS_N)); do \
@@ -42,6 +52,17 @@ stress: install
 
 bench: install
 	.venv/bin/specview bench --peer hf --temperature 0 -N 48 --draft smollm2-135m@int4,ngram,smollm2-135m@bfloat16 $(ARGS)
+
+# llama.cpp on the same GGUF file (plain and with its prompt lookup) beside our engine, one thread each.
+# The first time, pip builds llama-cpp-python from source (gcc and cmake, minutes).
+LLAMACPP_STAMP := .venv/.installed-llamacpp
+$(LLAMACPP_STAMP): $(STAMP)
+	$(PIP) install -q -e ".[llamacpp]"
+	touch $(LLAMACPP_STAMP)
+
+bench-llamacpp: install $(LLAMACPP_STAMP)
+	.venv/bin/specview bench --peer llamacpp,hf --temperature 0 -N 48 --threads 1 --target smollm2-135m \
+		--draft smollm2-135m@int4,ngram $(ARGS)
 
 # Prompt lookup where it shines: a chat prompt asking to copy a passage (K 8: a proposal costs nothing).
 bench-copy: install

@@ -5,27 +5,13 @@ Every user error is one line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 from specview.errors import SpecviewError
-from specview.options import EPILOG, Parser, add_run_options, build_run_parser
+from specview.options import build_run_parser, build_tui_parser
 
 SUBCOMMANDS = ("run", "bench", "report", "eval", "check", "serve")
-
-
-def build_tui_parser() -> Parser:
-    p = Parser(prog="specview", description="See and measure speculative decoding. With no command: the TUI.",
-               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    add_run_options(p)
-    g = p.add_argument_group("attach (the TUI on a remote `specview serve`)")
-    g.add_argument("--attach", metavar="URL", help="watch a `specview serve` at URL (e.g. http://127.0.0.1:5000) "
-                                                   "instead of loading models here")
-    g.add_argument("--token", help="the server's --token, sent as `Authorization: Bearer TOKEN`")
-    g.add_argument("--follow", action="store_true",
-                   help="with --attach: show every request anyone sends (GET /events) instead of sending your own")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         return tui_command(args)
     except SpecviewError as err:
         prog = "specview" + (f" {command}" if command else "")
-        print(f"{prog}: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {' '.join(str(err).splitlines())}", file=sys.stderr)  # one line, whatever it quotes
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -4,7 +4,7 @@ folder, and whether this machine can compile at all.
 Inductor writes C++ for the CPU and builds it with the system's compiler; its FX graph and AOTAutograd
 caches keep the results on disk, so a second process does not build them again (it still traces the
 two small layer functions, about a second). The cache lives in `<cache folder>/inductor`, beside the
-converted weights, so deleting specview's cache folder removes it too.
+converted weights (one folder per thread count), so deleting specview's cache folder removes it too.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ _configured = False
 
 
 def cache_dir() -> str:
+    """Per thread count: inductor writes the OpenMP thread count into the C++ it generates, so a kernel
+    built for one thread must not be loaded by a process running two."""
     from specview.weights_cache import cache_dir as specview_cache
 
-    return str(specview_cache() / "inductor")
+    return str(specview_cache() / "inductor" / f"threads-{torch.get_num_threads()}")
 
 
 @functools.cache

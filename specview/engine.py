@@ -26,6 +26,7 @@ from specview.events import RunSummary, StepResult
 from specview.kvcache import crop_cache, new_cache
 from specview.memory import memory_mb
 from specview.models import LoadedModel, placed_devices, vocab_limit
+from specview.policies import make_policy, parse_policy
 from specview.sampling import probs_from_logits, sample
 from specview.settings import SamplingConfig
 from specview.timing import PhaseTimer
@@ -46,8 +47,10 @@ class Decoder:
         seed: int = 0,
         timer: PhaseTimer | None = None,
         ignore_eos: bool = False,
+        policy: str = "fixed",
     ):
         self.target, self.sampling, self.k = target, sampling, k
+        self.policy = parse_policy(policy)  # how many of the K to draft each step (policies.py)
         self.device = target.device
         self.placed = placed_devices(target.model)  # --device-map: every device the target's layers sit on
         fastlinear.install(target.model)  # packed-weight matmuls, switched on only inside forward()
@@ -119,6 +122,16 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > 0, residual / mass.clamp(min=1e-30), p)
 
 
+def stopped_by(budget: int, proposal: Proposal | None) -> str:
+    """Why a speculative step drafted what it drafted: the whole budget, a p-min cut, or the drafter had
+    nothing (more) to propose (n-gram lookup without a match, or a shorter one)."""
+    if proposal is None:
+        return "budget"  # a budget of 0 (the policy's, or N / the context leave no room)
+    if proposal.cut:
+        return "p-min"
+    return "budget" if len(proposal) >= budget else "no-proposal"
+
+
 def eos_token_ids(lm: LoadedModel) -> set[int]:
     ids = set()
     for source in (lm.model.generation_config, lm.model.config, lm.tokenizer):
@@ -146,6 +159,7 @@ class Run:
         self.stop_reason: str | None = None
         self.target_cache = new_cache(decoder.target)
         self.states: dict[int, object] = {}  # id(drafter) -> its state (a KV cache), made on first use
+        self.policy = make_policy(decoder.policy)  # its state (a budget, running figures) is this run's
         self._prefilled = False  # the first step() prefills, so start() is instant and interruptible
 
     @property
@@ -175,8 +189,9 @@ class Run:
         self._prefilled = True
 
     def block_size(self) -> int:
-        """Drafts this step: K, but none past N (the last token comes from the target) or the context."""
-        k = self.k if self.dec.drafter is not None else 0
+        """Drafts this step: the policy's budget out of K, but none past N (the last token comes from the
+        target) or the context."""
+        k = self.policy.budget(self.k) if self.dec.drafter is not None else 0
         k = min(k, self.max_new_tokens - len(self.generated) - 1)
         if self.dec.context_len:
             k = min(k, self.dec.context_len - len(self.tokens) - 1)
@@ -191,7 +206,8 @@ class Run:
             self._prefill()
         timer.start_step()
         k = self.block_size()
-        proposal = drafter.propose(dec, self._state(drafter), self.tokens, k) if k else None
+        keep_drafting = self.policy.keep_drafting if self.policy.wants_top_q else None
+        proposal = drafter.propose(dec, self._state(drafter), self.tokens, k, keep_drafting) if k else None
         with timer.phase("verify"):
             fed = self.tokens[self.target_cache.get_seq_length() :]
             ids = torch.tensor(fed, dtype=torch.long, device=dec.device)
@@ -210,6 +226,10 @@ class Run:
         result.phases_ms, result.wall_ms = timer.end_step()
         result.timing = timer.last
         result.memory_mb = memory_mb(dec.device, dec.placed)
+        if drafter is not None:
+            result.policy = self.policy.spec
+            result.stopped_by = stopped_by(k, proposal)
+        self.policy.observe(result)
         self.summary.add(result)
         return result
 

@@ -38,6 +38,8 @@ class StepResult:
     source: list[int] | None = None  # n-gram drafts: [start, end) of the copied span in the run's tokens
     drafter: str | None = None  # the drafter's spec, when a session has several
     position: int = 0  # tokens before this step (prompt + generated): the KV cache its forwards read
+    policy: str | None = None  # the draft-length policy (policies.py) of a speculative step
+    stopped_by: str | None = None  # why drafting stopped: "budget", "p-min" or "no-proposal"
     timing: object = field(default=None, repr=False, compare=False)  # timing.StepTiming; not in the JSON
 
     def origins(self) -> list[str]:
@@ -52,8 +54,11 @@ class StepResult:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "timing"}
         if d["drafter"] is None:
             del d["drafter"]  # only sessions with several drafters name it per step
+        for name in ("policy", "stopped_by"):
+            if d[name] is None:
+                del d[name]  # autoregressive steps have neither
         d["type"] = "step"
-        return _clean(d)  # (_clean builds new lists and dicts: the record shares nothing with the step)
+        return nonfinite_to_none(d)  # (it builds new lists and dicts: the record shares nothing with the step)
 
 
 @dataclass
@@ -73,7 +78,7 @@ class RunSummary(Counts):
             self.stop_reason = s.stop_reason
 
     def to_json(self) -> dict:
-        return _clean(
+        return nonfinite_to_none(
             {
                 "type": "end",
                 "run": self.run,
@@ -101,12 +106,13 @@ def fmt(value, spec: str = "{:.2f}", missing: str = "n/a") -> str:
     return spec.format(value)
 
 
-def _clean(obj):
-    """JSON has no NaN or inf: a value that does not exist is null."""
+def nonfinite_to_none(obj):
+    """A copy of obj for JSON, with every NaN and inf (a value that does not exist) as None (null); tuples
+    become lists. JSON has no NaN: every document specview writes passes through here."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: nonfinite_to_none(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [nonfinite_to_none(v) for v in obj]
     return obj

@@ -21,7 +21,7 @@ depends on the machine, so kernels.py probes it. Not a stock module forward, so 
 the profile records the mode, and `--compile off` gives the layernorm phase back.
 
 Supported: LlamaForCausalLM and the models built like it (Mistral, Qwen2; SmolLM2 is a Llama), in
-float32, bfloat16, float16 or with int4 layers (drafters/int4.py). Others run transformers' forward.
+float32, bfloat16, float16 or with int4 layers (int4.py). Others run transformers' forward.
 """
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ def _fuse(*modules):
 def _fuse_int4(modules):
     """int4 layers fused by stacking their codes (recovered from the split_halves layout) and repacking:
     the same codes, scales and zeros, one kernel call instead of three (or two)."""
-    from specview.drafters.int4 import _pack
+    from specview.int4 import pack_codes
 
     weights = [_weight(m) for m in modules]
     if any(w[0] != "int4" or w[4] is not None or w[5] is None for w in weights) or len({w[3] for w in weights}) > 1:
@@ -273,7 +273,7 @@ def _fuse_int4(modules):
     halves = torch.cat([w[5] for w in weights])
     codes = torch.cat([(halves & 15).to(torch.int32), (halves >> 4).to(torch.int32)], dim=1)
     scales_and_zeros = torch.cat([w[2] for w in weights], dim=1).contiguous()
-    return ("fused", ("int4", _pack(codes), scales_and_zeros, weights[0][3], None, halves))
+    return ("fused", ("int4", pack_codes(codes), scales_and_zeros, weights[0][3], None, halves))
 
 
 class _Fns:

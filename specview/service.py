@@ -14,24 +14,25 @@ commands (stdin)                      records (stdout)
   {"cmd": "save", "final": false}       {"type": "saved", "path": ..}
   {"cmd": "quit"}                       (saves like final, then exits 0)
   any failure                           {"type": "error", "message": "one line", "fatal": bool}
+  (a line that is not such a command: not JSON, not an object, an unknown cmd, a k that is not an integer,
+   a step before load or after the run ended: an error record, and the stream goes on)
 
 End of input (the viewer is gone, however it died) saves the profile and exits: every exit path keeps it.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from dataclasses import asdict
 
-from specview.errors import SpecviewError
+from specview.backend.in_process import EngineBackend
+from specview.backend.views import step_record
+from specview.errors import SpecviewError, quoted
 from specview.settings import Settings
-from specview.tui.backend import EngineBackend
 
-
-def step_record(view) -> dict:
-    """A StepView as one stream record: the events/1 step record + the texts and prefill a viewer draws."""
-    return {**view.step.to_json(), "texts": {str(i): t for i, t in view.texts.items()}, "prefill_ms": view.prefill_ms}
+COMMANDS = ("load", "step", "new_run", "next_drafter", "save", "quit")
 
 
 class Service:
@@ -44,11 +45,24 @@ class Service:
         self.out.write(json.dumps(record, allow_nan=False) + "\n")
         self.out.flush()
 
-    def handle(self, command: dict) -> bool:
+    def handle(self, command) -> bool:
         """Run one command, answer it; False once the stream should end."""
+        if not isinstance(command, dict):
+            raise SpecviewError('a command is a JSON object, e.g. {"cmd": "step"}')
         name = command.get("cmd")
+        if name not in COMMANDS:
+            raise SpecviewError(f"unknown command {quoted(str(name))}")
+        if not self.loaded and name in ("step", "new_run", "next_drafter"):
+            raise SpecviewError(f"{name} before load")
+        if self.loaded and name == "load":
+            raise SpecviewError("already loaded")
         if "k" in command:
-            self.backend.set_k(int(command["k"]))
+            k = command["k"]
+            if isinstance(k, bool) or not isinstance(k, int):
+                raise SpecviewError(f"k must be an integer, got {quoted(json.dumps(k))}")
+            self.backend.set_k(k)  # clamped to 1..K_MAX
+        if name == "step" and self.backend.done:
+            raise SpecviewError("the run is over: new_run first")
         if name == "load":
             info, run = self.backend.load(lambda text: self.send({"type": "progress", "text": text}))
             self.loaded = True
@@ -63,21 +77,27 @@ class Service:
             final = name == "quit" or bool(command.get("final"))
             self.send({"type": "saved", "path": self.backend.save(final=final)})
             return name != "quit"
-        else:
-            raise SpecviewError(f"unknown command {name!r}")
+        return True
+
+    def answer(self, line: str) -> bool:
+        """One line of input -> its records; False once the stream should end (quit)."""
+        try:
+            try:
+                command = json.loads(line)
+            except (ValueError, RecursionError):
+                raise SpecviewError(f"not a JSON command: {quoted(line.strip())}") from None
+            return self.handle(command)
+        except SpecviewError as err:
+            self.send({"type": "error", "message": " ".join(str(err).split()), "fatal": not self.loaded})
+        except Exception as err:  # noqa: BLE001 - reported to the viewer, which decides; the stream lives on
+            message = " ".join(f"{type(err).__name__}: {err}".split())
+            self.send({"type": "error", "message": message, "fatal": not self.loaded})
         return True
 
     def serve(self, lines) -> int:
         for line in lines:
-            if not line.strip():
-                continue
-            try:
-                if not self.handle(json.loads(line)):
-                    return 0
-            except SpecviewError as err:
-                self.send({"type": "error", "message": str(err), "fatal": not self.loaded})
-            except Exception as err:  # noqa: BLE001 - reported to the viewer, which decides; the stream lives on
-                self.send({"type": "error", "message": f"{type(err).__name__}: {err}", "fatal": not self.loaded})
+            if line.strip() and not self.answer(line):
+                return 0
         if self.loaded:  # the viewer is gone without a quit: keep its profile
             self.backend.save(final=True)
         return 0
@@ -93,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(**json.loads(argv[0]))
     out = sys.stdout
     sys.stdout = sys.stderr  # anything else printed (a library's warning) must not corrupt the stream
-    return Service(settings, out).serve(sys.stdin)
+    # bytes that are not UTF-8 become U+FFFD: one error record for that line, not a UnicodeDecodeError that ends us
+    commands = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+    return Service(settings, out).serve(commands)
 
 
 if __name__ == "__main__":

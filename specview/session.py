@@ -4,7 +4,6 @@ device and threads, models loaded and checked, the prompt tokenized and checked 
 from __future__ import annotations
 
 import platform
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,12 +16,10 @@ from specview.drafters.specs import kind as drafter_kind
 from specview.drafters.specs import split_specs
 from specview.engine import Decoder
 from specview.errors import SpecviewError
-from specview.kvcache import new_cache
 from specview.models import LoadedModel, check_same_vocab, load_model, resolve_device
 from specview.settings import Settings
+from specview.text import text_problem
 from specview.timing import PhaseTimer
-
-T_AR_FORWARDS = 7  # one-token target forwards timed for t_ar (after one warm-up)
 
 
 @dataclass
@@ -48,7 +45,7 @@ class Session:
         drafter = (drafter or (self.drafters[0] if self.drafters else None)) if method == "speculative" else None
         target = self.draft if method == "draft_autoregressive" else self.target
         return Decoder(target, drafter, s.sampling, k=s.k, seed=s.seed,
-                       timer=timer or PhaseTimer(self.device), ignore_eos=s.ignore_eos)
+                       timer=timer or PhaseTimer(self.device), ignore_eos=s.ignore_eos, policy=s.draft_policy)
 
     def meta(self) -> dict:
         """Config, seed, versions, device, cpu, threads: what a profile or bench file records."""
@@ -82,6 +79,9 @@ def _version() -> str:
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
+    problem = text_problem(prompt)
+    if problem:  # the tokenizer would raise a TypeError that names none of this
+        raise SpecviewError(f"the prompt is not text: {problem}")
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise SpecviewError("--chat: this tokenizer has no chat template; drop --chat")
@@ -115,6 +115,9 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
     """Load the target and every drafter of `settings.draft` (a spec or a comma-separated list; DESIGN
     "Drafters"), tokenize the prompt, check vocabularies and context. Bad specs fail before any load."""
     say = on_progress or (lambda msg: None)
+    problem = text_problem(settings.prompt or "")
+    if problem:  # before the load, not after it
+        raise SpecviewError(f"--prompt is not text: {problem}")
     specs = split_specs(settings.draft) if with_draft else []
     kinds = [drafter_kind(spec) for spec in specs]  # an unknown kind fails here, before the load
     if settings.threads:
@@ -159,21 +162,3 @@ def prepare_forwards(models: list, mode: str, say: Callable[[str], None]) -> dic
         say(describe_forward(lm.spec, chosen[lm.spec]))
     return chosen
 
-
-def time_target_token(decoder, prompt_ids: list[int], forwards: int = T_AR_FORWARDS) -> float | None:
-    """t_ar: median wall time of one-token target forwards after the prompt (prefill excluded)."""
-    target = decoder.target
-    if decoder.context_len:
-        forwards = min(forwards, decoder.context_len - len(prompt_ids) - 2)
-    if forwards < 1:
-        return None
-    cache = new_cache(target)
-    logits = decoder.forward(target, cache, prompt_ids, keep=1)
-    token = int(logits[-1].argmax())
-    times = []
-    for _ in range(forwards + 1):  # the first one warms up
-        t0 = time.perf_counter()
-        logits = decoder.forward(target, cache, [token], keep=1)
-        token = int(logits[-1].argmax())  # the .item() waits for the device
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times[1:])

@@ -11,6 +11,7 @@ DEFAULT_TARGET = BUNDLED_ALIAS
 # A weight-only int4 copy of the target, chosen by measurement (README "Drafters"): the only bundled draft
 # that wins on a CPU (c ~0.45 against ~0.85 for the bfloat16 copy); it holds the target's own 4-bit codes.
 DEFAULT_DRAFT = BUNDLED_ALIAS + "@int4"
+K_MAX = 32  # the most drafts per step anywhere (the TUI's +, a request's k): wider blocks only waste draft forwards
 DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
 
 
@@ -44,6 +45,7 @@ class Settings:
     cache: bool = True  # use the converted-weights cache for .gguf models (--no-cache: off)
     device_map: str | None = None  # auto | balanced | a JSON file: layers over several devices (accelerate)
     max_memory: str | None = None  # with device_map: "0=20GiB,cpu=60GiB", the most each device may hold
+    draft_policy: str = "fixed"  # fixed | p-min=X | heuristic | goodput: how many of K to draft (policies.py)
     compile: str = "auto"  # auto | on | off: fastdecode's compiled one-row forward (kernels.py decides)
 
     @classmethod

@@ -10,10 +10,10 @@ import httpx
 import pytest
 from serve_helpers import TIMEOUT, running_server
 
-import specview.serve.attach as attach
+import specview.tui.attach as attach
 from specview.errors import SpecviewError
-from specview.serve.attach import AttachBackend
 from specview.settings import Settings
+from specview.tui.attach import AttachBackend
 
 
 @pytest.fixture

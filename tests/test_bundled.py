@@ -17,7 +17,7 @@ def bundled():
 
 
 def test_default_pair_loads_once_and_quantizes_the_draft(bundled):
-    from specview.drafters.int4 import Int4Linear
+    from specview.int4 import Int4Linear
 
     target, draft = bundled
     assert target.dtype == torch.float32 and draft.dtype == torch.bfloat16

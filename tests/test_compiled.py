@@ -13,9 +13,9 @@ from test_lossless import CASES, drafter_counts, exact_joint, tv, tv_threshold
 
 import specview.engine as engine
 from specview import compiler, fastdecode, kernels
-from specview.drafters.int4 import int4_copy
 from specview.engine import Decoder
 from specview.errors import SpecviewError
+from specview.int4 import int4_copy
 from specview.kvcache import crop_cache, new_cache
 from specview.models import LoadedModel
 from specview.settings import SamplingConfig

@@ -62,6 +62,29 @@ def test_every_drafter_is_greedy_equal(llama):
         assert sum(len(s.drafted) for s in steps) > 0, f"{spec} never drafted"
 
 
+@pytest.mark.parametrize("compile_mode", ["off", "on"])
+def test_an_int4_target_drafts_with_ngram_and_its_own_layers(llama, compile_mode):
+    """The file's own precision as a target (`--target MODEL@int4`): n-gram lookup and layer skipping draft
+    for it, greedy-equal to its own autoregressive decoding, on transformers' forward and compiled."""
+    from specview import compiler, fastdecode, kernels
+    from specview.drafters.specs import build
+
+    if compile_mode == "on" and compiler.unavailable_reason():
+        pytest.skip(f"cannot compile here: {compiler.unavailable_reason()}")
+    path, _ = llama
+    target = load_model(path + "@int4", CPU)
+    kernels.prepare(target, compile_mode)
+    try:
+        prompt = [5, 9, 11, 5, 9, 11, 5, 9]
+        reference, _ = _greedy(target, None, prompt)
+        for spec in ("ngram", "self:skip=1-2"):
+            out, steps = _greedy(target, build(spec, target, lambda s: load_model(s, CPU), prompt), prompt)
+            assert out == reference, spec
+            assert sum(len(s.drafted) for s in steps) > 0, f"{spec} never drafted"
+    finally:
+        fastdecode.uninstall(target.model)
+
+
 def test_ngram_steps_name_their_source_and_draft_nothing_without_a_match(llama):
     _, target = llama
     prompt = [5, 9, 11, 5, 9]

@@ -10,10 +10,10 @@ import signal
 import pytest
 from test_tui import tui_pair  # noqa: F401 - the fixture
 
+from specview.backend.in_process import EngineBackend
 from specview.errors import SpecviewError
 from specview.service import Service
 from specview.settings import Settings
-from specview.tui.backend import EngineBackend
 from specview.tui.process import ProcessBackend
 
 

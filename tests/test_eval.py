@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -287,35 +288,60 @@ def test_report_renders_and_compares_evals(capsys, finished):
     assert "A: " in text and "B: " in text and "same settings" in text and "speedup, total time" in text
 
 
-def test_eval_stops_after_the_current_prompt_then_resumes(capsys, eval_argv, tmp_path, monkeypatch):
-    """SIGTERM inside the second prompt's first run: that prompt still finishes, the file holds two prompts
-    and says interrupted, exit 130; --resume runs the other two and carries the first two over."""
-    from specview.bench.methods import EngineMethod
-
-    real_run = EngineMethod.run
-    calls = []
-
-    def signal_in_second_prompt(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3 + 4:  # 3 warm-up runs, then prompt 1 (3 runs), then inside prompt 2
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real_run(self, *args, **kwargs)
-
-    monkeypatch.setattr(EngineMethod, "run", signal_in_second_prompt)
+def test_a_real_sigint_stops_after_the_current_prompt_then_resumes(gpt2_paths, tmp_path, capsys):
+    """A real `specview eval` process, SIGINT once its file shows a finished prompt: the prompt in flight still
+    finishes, the file holds whole prompts and says interrupted, exit 130; --resume runs the rest and carries
+    the finished ones over. The child starts in its own session with SIGINT ignored, so neither the terminal
+    (CI has none) nor the disposition this test inherits matters: eval installs its own handlers."""
+    prompts = tmp_path / "set.jsonl"
+    many = [(f"w{i % 9 + 1} w{i * 4 % 9 + 1} w{i * 7 % 9 + 1}", "abc"[i % 3]) for i in range(SIGNAL_PROMPTS)]
+    prompts.write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n" for p, c in many))
     out = tmp_path / "e.json"
-    code, text, err = run_cli(capsys, *eval_argv, "--json", str(out), "--no-plots")
+    argv = ["eval", "--target", gpt2_paths[0], "--draft", f"{gpt2_paths[1]},ngram", "--prompts", str(prompts),
+            "-N", "10", "-K", "3", "--ignore-eos", "--no-plots", "--json", str(out)]
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "specview.cli", *argv], stdout=stdout, stderr=stderr,
+                                env=dict(os.environ, HF_HUB_OFFLINE="1"), start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        try:
+            finished = _wait_for_results(out, proc)  # written atomically after every prompt: whole or absent
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    err = (tmp_path / "stderr").read_text()
     assert code == 130, err
     doc = json.loads(out.read_text())
+    done = sorted({r["prompt_id"] for r in doc["results"]}, key=int)
     assert doc["interrupted"] and not doc["complete"]
-    assert sorted({r["prompt_id"] for r in doc["results"]}) == ["1", "2"] and len(doc["results"]) == 6
-    assert "--resume" in err and "2 of 4" in text
-    monkeypatch.setattr(EngineMethod, "run", real_run)
-    code, text, err = run_cli(capsys, *eval_argv, "--resume", str(out), "--no-plots")
+    assert finished <= len(done) < SIGNAL_PROMPTS and len(doc["results"]) == 3 * len(done)  # whole prompts
+    assert done == [str(i) for i in range(1, len(done) + 1)]  # in order, none skipped
+    assert "--resume" in err and "Traceback" not in err
+    code, text, err = run_cli(capsys, *argv, "--resume", str(out))
     assert code == 0, err
     resumed = json.loads(out.read_text())
-    assert resumed["complete"] and not resumed["interrupted"] and resumed["meta"]["resumed_results"] == 6
-    assert resumed["results"][:6] == doc["results"]  # carried over as they were
-    assert sorted({r["prompt_id"] for r in resumed["results"]}) == ["1", "2", "3", "4"]
+    assert resumed["complete"] and not resumed["interrupted"]
+    assert resumed["meta"]["resumed_results"] == len(doc["results"])
+    assert resumed["results"][: len(doc["results"])] == doc["results"]  # carried over as they were
+    assert len({r["prompt_id"] for r in resumed["results"]}) == SIGNAL_PROMPTS
+
+
+SIGNAL_PROMPTS = 24  # the signal lands after the first finished prompt (~0.15 s each here): the rest is room to spare
+
+
+def _wait_for_results(path, proc, timeout: float = 120.0) -> int:
+    """Poll the eval file until it holds a finished prompt -> how many it holds (an observable state)."""
+    pause = threading.Event()
+    for _ in range(int(timeout / 0.01)):
+        if proc.poll() is not None:
+            raise AssertionError(f"eval ended (exit {proc.returncode}) before the test could signal it")
+        if path.exists():
+            done = {r["prompt_id"] for r in json.loads(path.read_text())["results"]}
+            if done:
+                return len(done)
+        pause.wait(0.01)
+    raise AssertionError("no finished prompt in the eval file in time")
 
 
 # --- bad input: one line, exit 2, before any model loads ----------------------------------------------

@@ -1,4 +1,4 @@
-"""specview.drafters.int4: the int4 kernel computes x @ dequantized(W).T, min/max quantization gives back
+"""specview.int4: the int4 kernel computes x @ dequantized(W).T, min/max quantization gives back
 codes of weights already on a 4-bit grid (the GGUF case), and an int4 copy of a tiny model tracks it."""
 
 import pytest
@@ -8,8 +8,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from transformers.pytorch_utils import Conv1D
 
 import tiny
-from specview.drafters.int4 import Int4Linear, check_int4_supported, dequantize, int4_copy, quantize
 from specview.errors import SpecviewError
+from specview.int4 import Int4Linear, check_int4_supported, dequantize, int4_copy, quantize
 
 
 def _reference(x, codes, scales_and_zeros, bias, group_size=32):

@@ -5,7 +5,8 @@ import sys
 
 HEADLESS = ["specview.engine", "specview.sampling", "specview.models", "specview.events", "specview.session",
             "specview.runner", "specview.cli", "specview.profiling.recorder", "specview.report", "specview.bench.command",
-            "specview.check", "specview.diagnosis"]
+            "specview.check", "specview.diagnosis", "specview.service", "specview.backend.in_process",
+            "specview.serve.command", "specview.serve.measure", "specview.documents"]
 
 
 def test_headless_modules_do_not_import_textual():

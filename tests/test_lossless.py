@@ -136,8 +136,8 @@ def skip_drafter(target):
 def int4_drafter(target, draft):
     """A 4-bit copy of the tiny draft (of the draft, not the target: a copy of the target would agree with
     it too often for the test to see rejections)."""
-    from specview.drafters.int4 import int4_copy
     from specview.drafters.model import ModelDrafter
+    from specview.int4 import int4_copy
     from specview.models import LoadedModel
 
     lm = LoadedModel("small-draft@int4", int4_copy(draft.model), draft.tokenizer, draft.device, torch.bfloat16,

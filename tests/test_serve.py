@@ -73,7 +73,7 @@ def test_load_from_16_clients_is_complete_identical_and_counted(settings):
         assert end["generated_ids"] == alone[json.dumps({**body, "stream": False}, sort_keys=True)]
     assert len({e["request"] for e in ends}) == 200  # every request its own run
     total = {name: sum(e[name] for e in ends) for name in ("steps", "drafted", "accepted")}
-    solo = served.worker.summaries[: len(alone)]
+    solo = list(served.worker.summaries)[: len(alone)]
     assert metric(page, "specview:request_success_total", '{finished_reason="length"}') == 200 + len(alone)
     assert metric(page, "specview:steps_total") == total["steps"] + sum(s.steps for s in solo)
     assert metric(page, "specview:spec_decode_num_draft_tokens_total") == total["drafted"] + sum(s.drafted for s in solo)

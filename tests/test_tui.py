@@ -9,9 +9,9 @@ import pytest
 from textual.worker import WorkerCancelled
 
 import tiny
+from specview.backend.in_process import EngineBackend
 from specview.settings import Settings
 from specview.tui.app import SpecviewApp
-from specview.tui.backend import EngineBackend
 from specview.tui.replay import ReplayBackend
 from specview.tui.widgets.acceptance import AcceptancePanel
 from specview.tui.widgets.block_view import BlockView

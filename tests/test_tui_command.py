@@ -15,7 +15,7 @@ def headless_tui(monkeypatch, tui_pair, tmp_path):  # noqa: F811 - the fixture i
     """tui_command with the app run headless (CI has no terminal), stepping once and then doing `then`."""
     from textual.app import App
 
-    from specview.cli import build_tui_parser
+    from specview.options import build_tui_parser
 
     def run(then):
         original_loaded, original_step_done = SpecviewApp.on_loaded, SpecviewApp.on_step_done

@@ -2,8 +2,8 @@
 
 import pytest
 
+from specview.detok import token_texts
 from specview.events import StepResult
-from specview.tui.backend import token_texts
 from specview.tui.render import sparkline, visible
 from specview.tui.stats import LiveStats
 

@@ -62,3 +62,52 @@ def perturbed(model, noise: float, seed: int):
         for p in draft.parameters():
             p.add_(torch.randn_like(p) * noise * (p.std() if p.numel() > 1 else 1.0))
     return draft.eval()
+
+
+def write_tiny_gguf(path, seed=0, layers=2, hidden=32, ffn=64, heads=2, kv=1, ctx=256):
+    """A tiny Llama GGUF (byte-level BPE tokenizer, float32 tensors) written with the `gguf` package: loads
+    through transformers' GGUF path like the bundled model, and llama.cpp reads it too."""
+    import gguf
+    import numpy as np
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    rng = np.random.default_rng(seed)
+    spelled = bytes_to_unicode()
+    tokens = [spelled[b] for b in range(256)] + ["Ġt", "he", "Ġthe", "<|endoftext|>", "<|im_start|>"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(ctx)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 2) + [3, 3])  # the last two are control tokens
+    w.add_token_merges(["Ġ t", "h e", "Ġt he"])
+    w.add_bos_token_id(len(tokens) - 2)
+    w.add_eos_token_id(len(tokens) - 2)
+
+    def rand(*shape):
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    head = hidden // heads
+    w.add_tensor("token_embd.weight", rand(len(tokens), hidden))
+    for i in range(layers):
+        for name, shape in (("attn_q", (hidden, hidden)), ("attn_k", (kv * head, hidden)),
+                            ("attn_v", (kv * head, hidden)), ("attn_output", (hidden, hidden)),
+                            ("ffn_gate", (ffn, hidden)), ("ffn_up", (ffn, hidden)), ("ffn_down", (hidden, ffn))):
+            w.add_tensor(f"blk.{i}.{name}.weight", rand(*shape))
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    w.add_tensor("output.weight", rand(len(tokens), hidden))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)

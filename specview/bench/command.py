@@ -3,7 +3,8 @@
 Methods on the same prompt, N and settings, each warmed up once, then timed in interleaved rounds
 (A B C A B C ...) so machine drift hits all alike: autoregressive (target alone), speculative,
 draft_autoregressive (draft alone) and, with `--peer hf`, transformers' generate() (hf_generate) and
-assisted generation (hf_assisted). Then the metrics of docs/design.md, a rich table, `--json` and a
+assisted generation (hf_assisted); with `--peer llamacpp`, llama.cpp on the target's GGUF file
+(llamacpp_generate, llamacpp_prompt_lookup). Then the metrics of docs/design.md, a rich table, `--json` and a
 bench file in --profile-dir that `specview report` renders.
 """
 
@@ -33,7 +34,7 @@ from specview.bench.metrics import (
     speculative_metrics,
     sweep_inputs,
 )
-from specview.bench.schema import BENCH_SCHEMA, METHOD_ORDER
+from specview.bench.schema import BENCH_SCHEMA, METHOD_ORDER, PEER_METHODS, peer_names
 from specview.bench.tables import ordered, render
 from specview.errors import SpecviewError
 from specview.files import write_json_atomic
@@ -69,9 +70,11 @@ def _bench(args, stop: Stop) -> int:
         progress.update(loading, completed=2, description="models loaded")
         torch.manual_seed(settings.seed)  # the peers sample from torch's global generator
         generator = torch.Generator(device=session.device).manual_seed(settings.seed)
-        methods = make_methods(session, args.peer, generator, stop)
-        plan = [(name, k if drafting(name) else None) for name in methods
-                for k in (ks if drafting(name) else [None])]
+        skipped: dict[str, str] = {}
+        methods = make_methods(session, args.peer, generator, stop, skipped)
+        for name, why in skipped.items():  # an optional peer that cannot run here: one line, then go on
+            stderr.print(f"peer {name} skipped: {why}", soft_wrap=True, markup=False, highlight=False)
+        plan = [(name, k) for name, method in methods.items() for k in planned_ks(name, method, ks, settings.k)]
         task = progress.add_task("warm-up", total=len(plan) * (1 + args.num_runs))
 
         def on_run(label: str | None) -> None:  # a label before each run, None after it
@@ -85,7 +88,8 @@ def _bench(args, stop: Stop) -> int:
     if complete == 0 or len(records) < len(plan):
         raise KeyboardInterrupt  # not one whole round: nothing to report
     records = {key: runs[:complete] for key, runs in records.items()}  # whole rounds only
-    doc = build_doc(session, args, ks, records, load_start)
+    peer_info = {name: m.info for name, m in methods.items() if hasattr(m, "info")}
+    doc = build_doc(session, args, ks, records, load_start, peer_info, skipped)
     if interrupted:
         doc["interrupted_after_rounds"] = complete
     stdout.print(render(doc))
@@ -98,6 +102,15 @@ def _bench(args, stop: Stop) -> int:
         stderr.print(f"profile written: {profile}", soft_wrap=True)
         stderr.print(f"bench file written: {path}  (show it with `specview report {path}`)", soft_wrap=True)
     return 130 if interrupted else 0
+
+
+def planned_ks(name: str, method, ks: list[int], main_k: int) -> list:
+    """The K values a method is timed at: None for a method without drafts, every K of the sweep for one
+    that does the work of one of our drafters, the main K for a peer that runs on its own (llama.cpp's
+    prompt lookup without an ngram drafter)."""
+    if not drafting(name):
+        return [None]
+    return ks if getattr(method, "sweeps", True) else [main_k]
 
 
 def run_rounds(methods: dict, plan: list, num_runs: int, records: dict, on_run=lambda label: None,
@@ -133,7 +146,10 @@ def bench_progress(console: Console) -> Progress:
                     TimeElapsedColumn(), console=console, transient=console.is_terminal)
 
 
-def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
+def build_doc(session, args, ks: list[int], records: dict, load_start, peer_info: dict | None = None,
+              skipped: dict | None = None) -> dict:
+    """The bench document (specview.bench/1). `peer_info`: method -> how a peer was set up (llama.cpp's
+    file, threads, context), added to that method's entry; `skipped`: peer -> why it did not run."""
     s = session.settings
     ar = records[("autoregressive", None)]
     ar_mean = method_stats(ar)["mean_s"]
@@ -150,7 +166,7 @@ def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
 
     drafters = methods_drafters(session)
     labels = {m: d.spec for m, d in drafters.items()}  # speculative method -> drafter spec
-    peers_of = {label: peer_of(session, d) for label, d in drafters.items()}  # the peer doing the same work
+    peers_of = {label: peer_of(session, d) for label, d in drafters.items()}  # the peers doing the same work
     per_drafter = {}
     for label in labels:
         entries = []
@@ -159,10 +175,10 @@ def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
             entry = speculative_metrics(k, spec, ar)
             entry["methods"] = {label: method_stats(spec, ar_mean)}
             entry["same_tokens"] = {label: check(label, k)}
-            peer = peers_of[label]
-            if (peer, k) in records:
-                entry["methods"][peer] = method_stats(records[(peer, k)], ar_mean)
-                entry["same_tokens"][peer] = check(peer, k)
+            for peer in peers_of[label]:
+                if (peer, k) in records:
+                    entry["methods"][peer] = method_stats(records[(peer, k)], ar_mean)
+                    entry["same_tokens"][peer] = check(peer, k)
             entry.update(sweep_inputs(spec))
             entries.append(entry)
         if args.sweep_k:
@@ -175,14 +191,18 @@ def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
         at_k = next(e for e in entries if e["k"] == s.k)
         methods.update(at_k["methods"])
         same.update(at_k["same_tokens"])
-    for name in METHOD_ORDER:
-        if name not in methods and (name, None) in records:
-            methods[name] = method_stats(records[(name, None)], ar_mean)
-    if ("hf_generate", None) in records:
-        same["hf_generate"] = check("hf_generate", None)  # (draft_autoregressive is the draft's law, not checked)
+    for name in METHOD_ORDER:  # the methods no drafter's entries hold
+        key = (name, s.k if drafting(name) else None)
+        if name not in methods and key in records:
+            methods[name] = method_stats(records[key], ar_mean)
+            if name in PEER_METHODS:  # the target's law (draft_autoregressive is the draft's, not checked)
+                same[name] = check(*key)
     methods = {name: methods[name] for name in ordered(methods)}
     for label, spec in labels.items():
         methods[label]["drafter"] = spec
+    for name, info in (peer_info or {}).items():
+        if name in methods:
+            methods[name]["peer"] = info
     config = {**s.to_json(), "num_runs": args.num_runs, "peer": args.peer,
               "sweep_k": ",".join(map(str, args.sweep_k)) if args.sweep_k else None,
               "prompt_tokens": len(session.prompt_ids)}
@@ -195,16 +215,8 @@ def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
                         if key not in ("methods", "same_tokens")} | {"method": label}
         for label, entries in per_drafter.items()
     }
-    tps = {name: m.get("tokens_per_s") for name, m in methods.items()}
-    if args.peer:  # tokens/s of ours over the peer doing the same work
-        ratios = {"autoregressive_over_hf_generate": _over(tps.get("autoregressive"), tps.get("hf_generate"))}
-        for label, peer in peers_of.items():
-            if peer in tps:
-                name = "speculative" if label == "speculative" else labels[label]
-                ratios[f"{name}_over_{peer}"] = _over(tps[label], tps[peer])
-        doc["peer_ratios"] = ratios
-    else:
-        doc["peer_ratios"] = None
+    doc["peer_ratios"] = peer_ratios(methods, labels, peers_of, peer_names(args.peer))
+    doc["peers_skipped"] = dict(skipped or {})
     if args.sweep_k:
         doc["sweep"] = [public(e) for e in first if e["k"] in args.sweep_k]
         doc["recommended_k"] = recommend([e for e in first if e["k"] in args.sweep_k])
@@ -216,6 +228,29 @@ def build_doc(session, args, ks: list[int], records: dict, load_start) -> dict:
     doc["meta"] = {**session.meta(), "load_avg": {"start": list(load_start), "end": list(os.getloadavg())},
                    "load_s": session.load_s}
     return json.loads(json.dumps(doc, allow_nan=False))  # fail here, not halfway through a write
+
+
+def peer_ratios(methods: dict, labels: dict, peers_of: dict, peers: list[str]) -> dict | None:
+    """tokens/s of ours over a peer's: autoregressive over each peer's plain decoding (hf_generate,
+    llamacpp_generate), our first speculative method over llama.cpp's plain and speculative decoding (does
+    ours beat a C++ engine, with or without its prompt lookup?), and each drafter over the peer doing the
+    same work. None when no peer ran (none asked for, or skipped)."""
+    tps = {name: m.get("tokens_per_s") for name, m in methods.items()}
+    ratios = {}
+    if "hf" in peers:
+        ratios["autoregressive_over_hf_generate"] = _over(tps.get("autoregressive"), tps.get("hf_generate"))
+    if "llamacpp_generate" in tps:
+        ratios["autoregressive_over_llamacpp_generate"] = _over(tps["autoregressive"], tps["llamacpp_generate"])
+        ratios["speculative_over_llamacpp_generate"] = _over(tps.get("speculative"), tps["llamacpp_generate"])
+    if "llamacpp_prompt_lookup" in tps:  # our first drafter against llama.cpp's own speculative decoding
+        ratios["speculative_over_llamacpp_prompt_lookup"] = _over(tps.get("speculative"),
+                                                                  tps["llamacpp_prompt_lookup"])
+    for label, doing in peers_of.items():
+        for peer in doing:
+            if peer in tps:
+                name = "speculative" if label == "speculative" else labels[label]
+                ratios[f"{name}_over_{peer}"] = _over(tps[label], tps[peer])
+    return ratios or None
 
 
 def bench_roofline(session, records: dict, k: int) -> dict | None:
@@ -233,13 +268,13 @@ def bench_roofline(session, records: dict, k: int) -> dict | None:
     return out
 
 
-def peer_of(session, drafter) -> str | None:
-    """The peer that does a drafter's work: HF prompt lookup for ngram, assisted generation for the draft
-    model it uses (session.draft)."""
+def peer_of(session, drafter) -> tuple[str, ...]:
+    """The peers that do a drafter's work: HF's and llama.cpp's prompt lookup for ngram, assisted generation
+    for the draft model it uses (session.draft)."""
     if drafter.spec.startswith("ngram"):
-        return "hf_prompt_lookup"
+        return ("hf_prompt_lookup", "llamacpp_prompt_lookup")
     lm = getattr(drafter, "lm", None)
-    return "hf_assisted" if lm is not None and lm is session.draft else None
+    return ("hf_assisted",) if lm is not None and lm is session.draft else ()
 
 
 def methods_drafters(session) -> dict:

@@ -1,6 +1,7 @@
 """The methods `specview bench` times: our engine (autoregressive, speculative, draft_autoregressive)
 and, with `--peer hf`, transformers' own `generate()` (hf_generate) and assisted generation
-(hf_assisted). Each method object runs one generation per call and returns a RunRecord.
+(hf_assisted); with `--peer llamacpp`, llama.cpp on the target's GGUF (bench/llamacpp.py). Each method
+object runs one generation per call and returns a RunRecord.
 
 The peers do the same work as ours: same models, prompt, N and sampling settings, EOS handled the
 same way, and hf_assisted drafts exactly K tokens per step (transformers reads those knobs from the
@@ -12,45 +13,19 @@ from __future__ import annotations
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 from transformers import StoppingCriteria
 
+from specview.bench.record import RunRecord  # noqa: F401 - its clients import it from here too
+from specview.bench.schema import DRAFTING_PEERS, peer_names
 from specview.engine import eos_token_ids
-from specview.events import RunSummary
 from specview.stopping import Stop
 
 
 def drafting(name: str) -> bool:
     """Methods whose work depends on K."""
-    return name.startswith("speculative") or name in ("hf_assisted", "hf_prompt_lookup")
-
-
-@dataclass
-class RunRecord:
-    """One timed generation. Engine methods also carry their step counters and phase sums."""
-
-    method: str
-    k: int | None  # drafted tokens per step asked for; None for methods without a draft
-    wall_s: float  # the whole generation call, prefill included, same clock for every method
-    generated_ids: list[int]
-    summary: RunSummary | None = None  # engine methods only
-    steps: list = field(default_factory=list)  # engine methods: the StepResults, for the bench's profile
-
-    @property
-    def tokens(self) -> int:
-        return len(self.generated_ids)
-
-    def to_json(self) -> dict:
-        out = {"wall_s": self.wall_s, "tokens": self.tokens,
-               "tokens_per_s": self.tokens / self.wall_s if self.wall_s > 0 else None}
-        s = self.summary
-        if s is not None:
-            out.update(prefill_s=s.prefill_ms / 1000, steps=s.steps, drafted=s.drafted, accepted=s.accepted,
-                       acceptance_rate=s.acceptance_rate, mean_emitted_per_step=s.mean_emitted_per_step,
-                       stop_reason=s.stop_reason, phases_ms=dict(s.phases_ms))
-        return out
+    return name.startswith("speculative") or name in DRAFTING_PEERS
 
 
 class EngineMethod:
@@ -193,25 +168,52 @@ class _StopCriterion(StoppingCriteria):
         return torch.full((input_ids.shape[0],), bool(self.stop), dtype=torch.bool, device=input_ids.device)
 
 
-def make_methods(session, peer: str | None, generator: torch.Generator, stop: Stop | None = None) -> dict:
+def make_methods(session, peer: str | None, generator: torch.Generator, stop: Stop | None = None,
+                 skipped: dict | None = None) -> dict:
     """name -> method object, in table order: autoregressive, one speculative method per drafter,
     draft_autoregressive (when the first model drafter exists), then the peers that do the same work as
-    one of ours (hf_assisted needs a draft model, hf_prompt_lookup an ngram drafter).
-    `stop` ends a run at its next step (bench's signals)."""
+    one of ours (hf_assisted needs a draft model, hf_prompt_lookup an ngram drafter; llama.cpp's two
+    methods always run, its prompt lookup beside ngram when given). `peer` is --peer's list (`hf`, `llamacpp`, `hf,llamacpp`); a peer that cannot run here goes
+    into `skipped` (name -> why, one line) and the others go on. `stop` ends a run at its next step
+    (bench's signals)."""
     from specview.drafters.ngram import NgramDrafter
 
     stop = Stop() if stop is None else stop  # (a Stop is falsy until requested)
+    skipped = {} if skipped is None else skipped
     methods = {"autoregressive": EngineMethod(session, "autoregressive", generator, stop)}
     for drafter in session.drafters:
         method = EngineMethod(session, "speculative", generator, stop, drafter)
         methods[method.name] = method
     if session.draft is not None:
         methods["draft_autoregressive"] = EngineMethod(session, "draft_autoregressive", generator, stop)
-    if peer:
+    peers = peer_names(peer)
+    ngram = next((d for d in session.drafters if isinstance(d, NgramDrafter)), None)
+    if "hf" in peers:
         methods["hf_generate"] = HFMethod(session, assisted=False, stop=stop)
         if session.draft is not None:
             methods["hf_assisted"] = HFMethod(session, assisted=True, stop=stop)
-        ngram = next((d for d in session.drafters if isinstance(d, NgramDrafter)), None)
         if ngram is not None:
             methods["hf_prompt_lookup"] = HFMethod(session, assisted=False, stop=stop, lookup=ngram)
+    if "llamacpp" in peers:
+        methods.update(llamacpp_methods(session, stop, ngram, skipped))
     return methods
+
+
+def llamacpp_methods(session, stop: Stop, ngram, skipped: dict) -> dict:
+    """llamacpp_generate and llamacpp_prompt_lookup (with the ngram drafter's longest n-gram when there is
+    one: the same work); {} (and why in `skipped`) when llama-cpp-python is missing, the target is not a
+    GGUF file or llama.cpp cannot load it."""
+    from specview.bench import llamacpp
+
+    why = llamacpp.unavailable(session.settings.target)
+    if why is not None:
+        skipped["llamacpp"] = why
+        return {}
+    out = {}
+    try:
+        out["llamacpp_generate"] = llamacpp.LlamaCppMethod(session, stop)
+        out["llamacpp_prompt_lookup"] = llamacpp.LlamaCppMethod(session, stop, lookup=True, ngram=ngram)
+    except (ValueError, RuntimeError, OSError) as err:  # llama-cpp-python's "Failed to load model from file"
+        skipped["llamacpp"] = f"llama.cpp cannot load {llamacpp.gguf_path(session.settings.target)}: {err}"
+        return {}
+    return out

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import statistics
 
-from specview.bench.methods import RunRecord
-from specview.events import _clean
+from specview.bench.record import RunRecord
+from specview.events import nonfinite_to_none
 from specview.metrics import Counts, cost_model, expected_tokens_per_step, ratio, speedup
 from specview.phases import PHASES
 
@@ -120,7 +120,7 @@ def sweep_inputs(spec: list[RunRecord]) -> dict:
 
 
 def public(entry: dict) -> dict:
-    return _clean({k: v for k, v in entry.items() if not k.startswith("_")})
+    return nonfinite_to_none({k: v for k, v in entry.items() if not k.startswith("_")})
 
 
 def same_tokens(reference: list[int], other: list[int]) -> dict:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from specview.bench.schema import PEERS
 from specview.options import Parser, add_run_options, number_type
 
-PEERS = ("hf",)  # hf = transformers' generate(), assisted generation and prompt lookup (bench/methods.py)
 BENCH_DEFAULTS = {"ignore_eos": True}  # equal token counts for every method; other defaults as `run` (DESIGN)
 
 
@@ -24,11 +24,22 @@ def parse_sweep(text: str) -> list[int]:
     return sorted(set(ks))
 
 
+def parse_peer(text: str) -> str:
+    """'hf', 'llamacpp' or a comma-separated list of them -> the same list cleaned ('llamacpp,hf'); kept a
+    string, so the bench file's config.peer stays what it was for `--peer hf`."""
+    names = [p.strip() for p in text.split(",")]
+    if any(n not in PEERS for n in names):
+        raise argparse.ArgumentTypeError(f"--peer takes {' or '.join(PEERS)}, or a comma-separated list of them "
+                                         f"like hf,llamacpp; got {text!r}")
+    return ",".join(dict.fromkeys(names))
+
+
 def build_bench_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="specview bench",
         description="Time autoregressive, speculative and draft-only decoding (and with --peer hf, "
-                    "transformers' generate() and assisted generation) side by side on the same prompt.",
+                    "transformers' generate() and assisted generation; with --peer llamacpp, llama.cpp on the "
+                    "same GGUF) side by side on the same prompt.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Bench differs from `run` in one default: --ignore-eos, so every method emits the same number of "
                "tokens. With --temperature 0 every target-distribution method must emit the same tokens, and the "
@@ -44,9 +55,11 @@ def build_bench_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="stop at EOS (methods may then emit different numbers of tokens)")
     g.add_argument("--num-runs", "-R", type=number_type(int, "--num-runs", lambda v: v >= 1, ">= 1"), default=5, help="timed rounds after the warm-up (default 5)")
-    g.add_argument("--peer", choices=PEERS, default=None,
-                   help="also time a peer implementation: hf = transformers generate(), assisted generation (beside "
-                        "the draft model) and prompt lookup (beside ngram)")
+    g.add_argument("--peer", type=parse_peer, default=None, metavar="{hf,llamacpp}[,..]",
+                   help="also time peer implementations: hf = transformers generate(), assisted generation (beside "
+                        "the draft model) and prompt lookup (beside ngram); llamacpp = llama-cpp-python on the "
+                        "target's GGUF file, plain and with its prompt lookup (beside ngram; optional extra: "
+                        "pip install -e \".[llamacpp]\"); a list like hf,llamacpp times both")
     g.add_argument("--sweep-k", type=parse_sweep, default=None, metavar="K,K,..",
                    help="measure speculative decoding at each K (e.g. 1,2,3,4,6,8) and recommend one")
     g.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON (specview.bench/1)")

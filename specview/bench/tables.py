@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from specview.bench.schema import METHOD_ORDER
+from specview.bench.schema import DRAFTING_PEERS, METHOD_ORDER
 from specview.diagnosis import Figures, diagnose
 from specview.events import fmt
 from specview.metrics import ratio
@@ -35,10 +37,11 @@ def render(doc: dict) -> Group:
     if forwards is not None:
         parts.append(forwards)
     parts.append(methods_table(doc))
+    parts += peer_lines(doc)
     ratios = doc.get("peer_ratios")
     if ratios:
         said = ", ".join(f"{name.replace('_over_', ' / ')} {fmt(value, '{:.2f}x')}" for name, value in ratios.items())
-        parts.append(Text(f"tokens/s over the peer doing the same work: {said}"))
+        parts.append(Text(f"tokens/s, ours over the peers': {said}"))
     if len(doc.get("drafters") or {}) > 1:
         parts.append(drafters_table(doc))
     parts.append(metrics_table(doc))
@@ -63,12 +66,25 @@ def methods_table(doc: dict) -> Table:
     for name in ordered(methods):
         m = methods[name] if isinstance(methods[name], dict) else {}
         drafter = f"{m['drafter']}, " if m.get("drafter") else ""
-        k = f" ({drafter}K={doc.get('k')})" if name.startswith("speculative") or name in ("hf_assisted", "hf_prompt_lookup") else ""
+        k = f" ({drafter}K={doc.get('k')})" if name.startswith("speculative") or name in DRAFTING_PEERS else ""
         name = "speculative" if m.get("drafter") else name
         speedup = m.get("speedup", ratio(base, m.get("mean_s")))
         table.add_row(name + k, fmt(m.get("mean_s"), "{:.3f}"), fmt(m.get("std_s"), "{:.3f}"),
                       fmt(m.get("tokens_per_s"), "{:.1f}"), fmt(speedup, "{:.2f}x"), _same(same, name))
     return table
+
+
+def peer_lines(doc: dict) -> list[Text]:
+    """How the llama.cpp peer ran: its file, weights and kernels are not ours, and a reader must know. (A
+    skipped peer is said once, on stderr, when bench runs; the file keeps it in `peers_skipped`.)"""
+    methods = doc.get("methods") or {}
+    info = next((m["peer"] for m in methods.values() if isinstance(m, dict) and isinstance(m.get("peer"), dict)), None)
+    if not info:
+        return []
+    return [Text(f"llamacpp: {info.get('implementation')} {info.get('version')} on "
+                 f"{os.path.basename(str(info.get('gguf')))} (the file's own weights and kernels), "
+                 f"{info.get('n_threads')} threads, n_ctx {info.get('n_ctx')}, n_batch {info.get('n_batch')}; "
+                 "greedy tokens are compared, not required to be equal", style="dim")]
 
 
 def _same(same: dict | None, name: str) -> str:

@@ -3,11 +3,13 @@ for every drafter (docs/design.md "Drafters"), so a drafter only proposes:
 
     state = drafter.new_state()                    # per run: a KV cache, or None
     drafter.prefill(dec, state, prompt[:-1])       # the first step of a run
-    proposal = drafter.propose(dec, state, tokens, k)   # up to k tokens and the q rows they came from
+    proposal = drafter.propose(dec, state, tokens, k, keep_drafting)   # up to k tokens and their q rows
     drafter.rollback(state, keep)                  # after the step: forget positions past `keep`
 
 A deterministic proposal (n-gram lookup) has one-hot q rows: accept with probability p(x), and on
 rejection the residual max(0, p - q) is p with x removed. An empty proposal makes a plain target step.
+`keep_drafting(top_q)` (the draft-length policy, policies.py; None = always) may stop a drafter that
+samples before it reaches k: a token whose distribution's top probability it refuses is not drafted.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Proposal:
     tokens: torch.Tensor  # [n] drafted ids on the device, n <= k (0: nothing to propose)
     q: torch.Tensor  # [n, V] the distribution each token was drawn from
     source: tuple[int, int] | None = None  # n-gram: [start, end) of the copied span in the tokens so far
+    cut: bool = False  # drafting stopped early because the policy said so (p-min), not for lack of a proposal
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

@@ -42,7 +42,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DummyLayer
 
-from specview.errors import SpecviewError
+from specview.errors import SpecviewError, quoted
 from specview.metrics import expected_tokens_per_step, speedup
 
 # (attribute of the CausalLM holding the decoder, attribute of the decoder holding its layer list)
@@ -84,13 +84,13 @@ def parse_skip(text: str, num_layers: int) -> tuple[int, ...]:
     for item in text.split(","):
         item = item.strip()
         match = _ITEM.fullmatch(item)
-        if match is None:
-            raise SpecviewError(f"bad skip set {text!r}: {item!r} is not a layer index or a range like 4-9")
+        if match is None or len(item) > 20:  # int() refuses over 4300 digits; no model has 10**20 layers
+            raise SpecviewError(f"bad skip set {quoted(text)}: {quoted(item)} is not a layer index or a range like 4-9")
         lo = int(match.group(1))
         hi = int(match.group(2)) if match.group(2) is not None else lo
         if hi < lo:
-            raise SpecviewError(f"bad skip set {text!r}: range {item} runs backwards (write {hi}-{lo})")
-        layers.update(range(lo, hi + 1))
+            raise SpecviewError(f"bad skip set {quoted(text)}: range {item} runs backwards (write {hi}-{lo})")
+        layers.update(range(lo, min(hi, max(lo, num_layers)) + 1))  # past the model: check_skip names it; no 10**12 set
     return check_skip(layers, num_layers)
 
 

@@ -21,11 +21,11 @@ class ModelDrafter:
     def prefill(self, dec, cache, head: list[int]) -> None:
         dec.forward(self.lm, cache, head, keep=1)
 
-    def propose(self, dec, cache, tokens: list[int], k: int) -> Proposal:
+    def propose(self, dec, cache, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
         """k tokens, each fed back without leaving the device. The cache may lag the tokens by more than
         one (this drafter sat out some steps of a multi-drafter session): one forward catches it up."""
         timer = dec.timer
-        drafts, q_rows = [], []
+        drafts, q_rows, cut = [], [], False
         ids: list[int] | torch.Tensor = tokens[cache.get_seq_length():]
         for _ in range(k):
             with timer.phase("draft"):
@@ -33,11 +33,18 @@ class ModelDrafter:
             with timer.phase("sample"):
                 with timer.phase("softmax"):
                     q = probs_from_logits(logits, dec.sampling)
+                # p-min: judged on q alone (never on the target), before the token is drawn; one read of
+                # the top probability per drafted token, only for the policies that ask for it.
+                if keep_drafting is not None and not keep_drafting(float(q.max())):
+                    cut = True
+                    break
                 token = sample(q, dec.generator, dec.sampling.greedy)
             drafts.append(token)
             q_rows.append(q)
             ids = token.view(1)
-        return Proposal(torch.stack(drafts), torch.stack(q_rows))
+        if not drafts:
+            return Proposal(torch.zeros(0, dtype=torch.long, device=dec.device), torch.zeros(0, dec.vocab), cut=cut)
+        return Proposal(torch.stack(drafts), torch.stack(q_rows), cut=cut)
 
     def rollback(self, cache, keep: int) -> None:
         crop_cache(cache, keep)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from specview.drafters.base import Proposal
-from specview.errors import SpecviewError
+from specview.errors import SpecviewError, quoted
 
 DEFAULT_MAX, DEFAULT_MIN = 4, 1
 
@@ -23,15 +23,15 @@ def parse_ngram_options(spec: str) -> tuple[int, int]:
     for item in filter(None, options.split(",")):
         key, eq, text = item.partition("=")
         if key not in values or not eq:
-            raise SpecviewError(f"--draft {spec}: unknown ngram option {item!r} (use max=N, min=N)")
+            raise SpecviewError(f"--draft {quoted(spec)}: unknown ngram option {quoted(item)} (use max=N, min=N)")
         try:
             values[key] = int(text)
         except ValueError:
-            raise SpecviewError(f"--draft {spec}: ngram {key} must be an integer, got {text!r}") from None
+            raise SpecviewError(f"--draft {quoted(spec)}: ngram {key} must be an integer, got {quoted(text)}") from None
     if values["min"] < 1 or values["max"] < 1:
-        raise SpecviewError(f"--draft {spec}: ngram max and min must be >= 1")
+        raise SpecviewError(f"--draft {quoted(spec)}: ngram max and min must be >= 1")
     if values["min"] > values["max"]:
-        raise SpecviewError(f"--draft {spec}: ngram min ({values['min']}) is larger than max ({values['max']})")
+        raise SpecviewError(f"--draft {quoted(spec)}: ngram min ({values['min']}) is larger than max ({values['max']})")
     return values["max"], values["min"]
 
 
@@ -60,7 +60,8 @@ class NgramDrafter:
     def prefill(self, dec, state, head: list[int]) -> None:
         pass
 
-    def propose(self, dec, state, tokens: list[int], k: int) -> Proposal:
+    def propose(self, dec, state, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
+        """A lookup's proposal is certain (q one-hot, top probability 1): a p-min cut never stops it."""
         with dec.timer.phase("draft"):
             found = lookup(tokens, k, self.max_n, self.min_n)
             ids = found[1] if found else []

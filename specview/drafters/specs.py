@@ -14,25 +14,28 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from specview.errors import SpecviewError
+from specview.errors import SpecviewError, quoted
 
 _OPTION = re.compile(r"^[a-z_]+=[^,:@/]*$")
+_LAYERS = re.compile(r"^\d+(-\d+)?$")  # more of a self:skip= set: self:skip=4-9,15
 
 
 def split_specs(text: str) -> list[str]:
-    """'ngram:max=3,min=2,smollm2-135m@int4' -> ['ngram:max=3,min=2', 'smollm2-135m@int4']."""
+    """'ngram:max=3,min=2,smollm2-135m@int4' -> ['ngram:max=3,min=2', 'smollm2-135m@int4'];
+    'self:skip=4-9,15,ngram' -> ['self:skip=4-9,15', 'ngram']."""
     specs: list[str] = []
     for item in (part.strip() for part in text.split(",")):
         if not item:
-            raise SpecviewError(f"--draft {text!r}: an empty drafter in the list")
-        if specs and _OPTION.match(item) and ":" in specs[-1]:
+            raise SpecviewError(f"--draft {quoted(text)}: an empty drafter in the list")
+        if specs and ((_OPTION.match(item) and ":" in specs[-1]) or
+                      (_LAYERS.match(item) and specs[-1].startswith("self:skip="))):
             specs[-1] += "," + item
         else:
             specs.append(item)
     seen = set()
     for spec in specs:
         if spec in seen:
-            raise SpecviewError(f"--draft lists {spec!r} twice: each drafter once")
+            raise SpecviewError(f"--draft lists {quoted(spec)} twice: each drafter once")
         seen.add(spec)
     return specs
 
@@ -46,7 +49,7 @@ def kind(spec: str) -> str:
     if head == "self":
         return "self"
     if colon and not head.startswith((".", "/", "~")):
-        raise SpecviewError(f"--draft {spec}: unknown drafter kind {head!r} (use a MODEL, ngram[:max=N,min=N], "
+        raise SpecviewError(f"--draft {quoted(spec)}: unknown drafter kind {quoted(head)} (use a MODEL, ngram[:max=N,min=N], "
                             f"self:skip=LAYERS or self:auto)")
     return "model"
 
@@ -87,7 +90,7 @@ def _self_drafter(spec: str, target, prompt_ids: list[int], say):
     elif options.startswith("skip="):
         skip = parse_skip(options.removeprefix("skip="), layers)
     else:
-        raise SpecviewError(f"--draft {spec}: use self:skip=LAYERS (0-based, e.g. 4-9,15) or self:auto")
+        raise SpecviewError(f"--draft {quoted(spec)}: use self:skip=LAYERS (0-based, e.g. 4-9,15) or self:auto")
     view = SkipModel(target.model, skip)
     lm = LoadedModel(spec, view, target.tokenizer, target.device, target.dtype, target.context_len)
     drafter = ModelDrafter(lm, spec)

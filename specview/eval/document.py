@@ -3,16 +3,17 @@ method), the summary, and --resume's check that a file was written with the same
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
+from specview.documents import EVAL_SCHEMA, load
 from specview.errors import SpecviewError
 from specview.eval.prompts import Prompt, digest
 from specview.eval.summary import AUTOREGRESSIVE, summarize
-from specview.events import _clean
+from specview.events import nonfinite_to_none
 from specview.settings import Settings
 
-EVAL_SCHEMA = "specview.eval/1"
 # Settings a resumed eval must share with its file: each changes the tokens or the timings. (profile_dir,
 # cache and the prompt set's path do not: the set is compared by its digest, so a moved file still resumes.)
 RESUME_FIELDS = ("target", "draft", "max_new_tokens", "k", "temperature", "top_k", "top_p", "seed", "ignore_eos",
@@ -41,13 +42,55 @@ def check_resume(path: str, old: dict, new: dict, fields=RESUME_FIELDS) -> None:
 
 def load_resume(path: str, config: dict) -> dict:
     """The document to continue, checked against this eval's config (before any model loads)."""
-    from specview.report import load
-
     _, doc = load(path)
     if doc["schema"] != EVAL_SCHEMA:
         raise SpecviewError(f"--resume {path} is a {doc['schema']} file, not an eval ({EVAL_SCHEMA})")
     check_resume(path, doc["config"], config)
+    problem = damage(doc)
+    if problem:  # found now, not after the models load (or, worse, after the run, in the summary)
+        raise SpecviewError(f"--resume {path} is damaged: {problem}; start a new eval (or repair the file)")
     return doc
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _seconds(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def _counts(v, most: int | None = None) -> bool:
+    return isinstance(v, list) and all(_count(x) and (most is None or x <= most) for x in v)
+
+
+def damage(doc: dict) -> str | None:
+    """What in an eval document (config, prompts, results) a resumed eval could not use, or None. The
+    types and ranges result_record writes: a file edited by hand or cut by a bug is refused, not half used."""
+    config, k = doc["config"], doc["config"].get("k")
+    if not _count(k) or not 1 <= k <= 4096:
+        return "config.k is not a K"
+    drafters = config.get("drafters")
+    if not isinstance(drafters, list) or not all(isinstance(d, str) for d in drafters):
+        return "config.drafters is not a list of drafter specs"
+    for i, p in enumerate(doc["prompts"]):
+        if not isinstance(p, dict) or not isinstance(p.get("id"), str) or not isinstance(p.get("category"), str):
+            return f"prompts[{i}] has no string id and category"
+    checks = {"prompt_id": lambda v: isinstance(v, str), "method": lambda v: v in (AUTOREGRESSIVE, "speculative"),
+              "drafter": lambda v: v is None or isinstance(v, str), "tokens": _count, "steps": _count,
+              "drafted": _count, "accepted": _count, "wall_s": _seconds,
+              "prefill_ms": lambda v: v is None or _seconds(v), "same_tokens": lambda v: v in (True, False, None),
+              "accepted_lengths": lambda v: _counts(v, k), "drafted_lengths": lambda v: _counts(v, k),
+              "generated_ids": _counts,
+              "phases_ms": lambda v: isinstance(v, dict) and all(_seconds(x) for x in v.values())}
+    needed = ("prompt_id", "method", "drafter", "tokens", "steps", "wall_s", "same_tokens")  # older files lack the rest
+    for i, r in enumerate(doc["results"]):
+        if not isinstance(r, dict):
+            return f"results[{i}] is not an object"
+        for name, ok in checks.items():
+            if (name in needed or name in r) and not (name in r and ok(r[name])):
+                return f"results[{i}].{name} is missing or not what specview writes"
+    return None
 
 
 def complete_results(doc: dict, prompt_ids: set[str]) -> list[dict]:
@@ -88,7 +131,7 @@ def result_record(prompt: Prompt, drafter: str | None, record, reference: list[i
 
         check = same_tokens(reference, record.generated_ids)
         same, first = check["same"], check["first_difference"]
-    return _clean({
+    return nonfinite_to_none({
         "prompt_id": prompt.id, "category": prompt.category,
         "method": "speculative" if speculative else AUTOREGRESSIVE, "drafter": drafter,
         "tokens": record.tokens, "steps": s.steps, "wall_s": record.wall_s, "prefill_ms": s.prefill_ms,
@@ -106,4 +149,4 @@ def build_doc(config: dict, prompts: list[dict], results: list[dict], meta: dict
     doc["complete"] = all(p["id"] in done for p in prompts)
     doc["interrupted"] = interrupted
     doc["meta"] = meta
-    return _clean(doc)
+    return nonfinite_to_none(doc)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 
 from specview.errors import SpecviewError
+from specview.text import text_problem
 
 BUILTIN = "builtin"
 DEFAULT_CATEGORY = "default"
@@ -107,6 +108,10 @@ def parse_record(line: str, where: str, n: int) -> Prompt:
     ident = record.get("question_id", record.get("id", n))
     if not isinstance(ident, (str, int)) or isinstance(ident, bool):
         raise SpecviewError(f"{where}: the id must be a string or an integer")
+    for name, value in (("the prompt", text), ("the category", category), ("the id", str(ident))):
+        problem = text_problem(value)  # a "\ud800" escape: the tokenizer and the tables would fail on it
+        if problem:
+            raise SpecviewError(f"{where}: {name} is not text: {problem}")
     return Prompt(str(ident), category.strip(), text)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specview.events import _clean
+from specview.events import nonfinite_to_none
 from specview.metrics import Counts, cost_model, ratio, speedups_over_baseline
 
 AUTOREGRESSIVE = "autoregressive"  # the summary's key for the baseline (drafter specs key the others)
@@ -46,7 +46,7 @@ def group_metrics(results: list[dict], baseline: dict[str, dict], k: int) -> dic
     same = [r["same_tokens"] for r in results]
     positions = counts.per_position_acceptance
     conditional = counts.conditional_position_acceptance
-    return _clean({
+    return nonfinite_to_none({
         "prompts": len(results),
         "tokens": counts.emitted,
         "steps": counts.steps,
@@ -74,7 +74,7 @@ def group_metrics(results: list[dict], baseline: dict[str, dict], k: int) -> dic
 
 def baseline_metrics(results: list[dict]) -> dict:
     counts = result_counts(results)
-    return _clean({"prompts": len(results), "tokens": counts.emitted, "steps": counts.steps, "wall_s": counts.wall_s,
+    return nonfinite_to_none({"prompts": len(results), "tokens": counts.emitted, "steps": counts.steps, "wall_s": counts.wall_s,
                    "tokens_per_s": counts.tokens_per_s,
                    "target_ms_per_token": ratio(counts.phases_ms.get("verify"), counts.steps)})
 

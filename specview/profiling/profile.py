@@ -7,8 +7,6 @@ from specview.metrics import Counts, cost_model, ratio
 from specview.phases import FORWARD_PHASES, PHASE_KEYS
 from specview.profiling.roofline import roofline_summary
 
-PROFILE_SCHEMA = "specview.profile/1"
-
 # What each phase contains: the report prints this, so a number always comes with its meaning.
 PHASE_HELP = {
     "prefill": "both models' forwards over the prompt, before the first step (outside the steps)",

@@ -17,27 +17,33 @@ to the millisecond in the folder): `.json` (schema specview.profile/1, docs/desi
 with the options `.ops.trace.json` (torch.profiler) and `.py-spy.speedscope.json`. Every write is atomic
 (temp file, then rename). save() may be called again (the TUI's `e`, then quit): it rewrites the same
 files with every step recorded so far. The op capture and py-spy stop at the first save().
+With `max_steps` (a server that runs for days) the recorder keeps only the newest max_steps steps, a ring:
+the profile covers those, and its summary says how many older ones were let go (`steps_dropped`).
 Never imports textual.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
+from collections import deque
 
+from specview.documents import PROFILE_SCHEMA
 from specview.errors import SpecviewError
 from specview.events import StepResult
 from specview.files import ensure_writable_dir, write_json_atomic
 from specview.phases import FORWARD_PHASES
 from specview.profiling.export import (
+    PackedSpans,
     StepRecord,
     chrome_trace,
     speedscope,
     synthetic_timing,
 )
 from specview.profiling.hooks import NormHooks
-from specview.profiling.profile import PROFILE_SCHEMA, summarize
+from specview.profiling.profile import summarize
 from specview.profiling.roofline import session_roofline
 from specview.timing import PhaseTimer
 
@@ -47,18 +53,21 @@ _TAKEN: set[str] = set()  # stems handed out in this process (two recorders in o
 
 class ProfileRecorder:
     def __init__(self, session, method: str, profile_dir: str = "profiles", *, profile_ops: bool = False,
-                 py_spy: bool = False):
+                 py_spy: bool = False, max_steps: int | None = None):
         self.session = session
         self.method = method
         self.dir = profile_dir
         self.timer = PhaseTimer(session.device)
         self.hooks = NormHooks(self.timer)
-        self.records: list[StepRecord] = []
+        self.max_steps = max_steps  # None: every step; else the newest max_steps (a ring)
+        self.records: deque[StepRecord] = deque(maxlen=max_steps)
+        self.dropped = 0  # steps the ring let go, oldest first
         self.notes: list = []  # one-line messages (and rich tables) for the client: see take_notes()
         self.interrupted = False
         self.origin = time.perf_counter()  # time zero of the trace files
         self.norm_counts: dict[str, int] = {}
         self.meta = self._meta()
+        self.meta["max_steps"] = max_steps
         ensure_writable_dir(profile_dir, "--profile-dir")
         self.stem = os.path.join(profile_dir, self._unique_stem())
         self.path = self.stem + ".json"
@@ -83,7 +92,7 @@ class ProfileRecorder:
         The first call also times t_ar for a speculative profile (its c and v need it; before the hooks,
         like an autoregressive forward) and starts the op capture and py-spy. Attaching more decoders is fine."""
         if self.method == "speculative" and self.meta.get("t_ar_ms") is None and not self._started:
-            from specview.session import time_target_token
+            from specview.profiling.t_ar import time_target_token
 
             self.meta["t_ar_ms"] = time_target_token(decoder, self.session.prompt_ids)
         decoder.timer = self.timer
@@ -123,6 +132,10 @@ class ProfileRecorder:
         if timing is None:  # the timer no longer has it (or another timer ran it): lay its phases end to end
             t0 = self.records[-1].timing.t1 if self.records else self.origin
             timing = synthetic_timing(record, t0)
+        else:
+            timing = dataclasses.replace(timing, nested_spans=PackedSpans(timing.nested_spans))  # ~7x smaller (bundled pair)
+        if self.max_steps is not None and len(self.records) == self.max_steps:
+            self.dropped += 1  # the append below lets the oldest go
         self.records.append(StepRecord(record, timing))
         if time.perf_counter() >= self._next_autosave:
             self._autosave()
@@ -150,7 +163,7 @@ class ProfileRecorder:
         prefill = sum(s.prefill_ms for s in summaries)
         summary = summarize(self.steps, prefill, self.meta.get("t_ar_ms"), self.meta.get("roofline"))
         summary.update(method=self.method, runs=len(runs), interrupted=interrupted,
-                       stop_reasons=[s.stop_reason for s in summaries])
+                       stop_reasons=[s.stop_reason for s in summaries], steps_dropped=self.dropped)
         doc = {"schema": PROFILE_SCHEMA, "meta": self.meta, "summary": summary, "steps": self.steps}
         if self.ops_summary is not None:
             doc["ops"] = self.ops_summary

@@ -120,6 +120,9 @@ def results_line(s: dict) -> Text:
     text = Text(line)
     if s.get("interrupted"):
         text.append("  interrupted: the steps done before Ctrl-C", style="yellow")
+    if s.get("steps_dropped"):
+        text.append(f"  the newest {s.get('steps')} steps: {s['steps_dropped']} older ones were let go "
+                    "(--profile-max-steps)", style="yellow")
     return text
 
 

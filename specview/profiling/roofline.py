@@ -140,7 +140,7 @@ def model_bytes(model) -> dict:
 
 
 def _is_int4(module) -> bool:
-    return type(module).__name__ == "Int4Linear"  # drafters/int4.py; by name: no import of the kernel code
+    return type(module).__name__ == "Int4Linear"  # int4.py; by name: no import of the kernel code
 
 
 def kv_bytes_per_token(model) -> int:

@@ -7,9 +7,17 @@
     GET  /health     {status, target, drafters, queue, ...}        (never needs the token)
     GET  /metrics    Prometheus text (metrics.py)
     GET  /events     text/event-stream of every record of every request, `id:` for Last-Event-ID
+    GET  /openapi.json  this API as OpenAPI 3.1, from the request models (openapi.py)
 
-Errors are JSON {"error": "...", "field": ...}: 401 token, 413 body size, 422 malformed (field named),
-400 unknown draft, 503 queue full (Retry-After) or shutting down. A request can name no model or path."""
+Errors are JSON {"error": "...", "field": ...}: 401 token, 413 body size, 422 malformed (field named; also
+prompt + N past the context and chat without a template, on arrival), 400 unknown draft, 503 queue full
+(Retry-After) or shutting down; 404/405 for other paths and methods; a bug is 500 in the same shape. A request
+can name no model or path. The body is read as JSON whatever its Content-Type (`curl -d` sends
+application/x-www-form-urlencoded).
+
+A client that leaves cancels its request, streamed or not, waiting or running: the engine thread skips it,
+or ends it at its next step boundary (stop_reason "cancelled"). The request's body has been read when it is
+queued, so the next ASGI message is the disconnect: one task waits for it, no polling."""
 
 from __future__ import annotations
 
@@ -26,10 +34,38 @@ from starlette.routing import Route
 
 from specview.serve.hub import EventHub
 from specview.serve.metrics import CONTENT_TYPE, ServeMetrics
+from specview.serve.openapi import openapi_document
 from specview.serve.schema import ApiError, GenerateRequest, PredictRequest, parse_body
 from specview.serve.worker import EngineWorker, Job
 
 PING_S = 15  # SSE comment lines keep idle streams alive through proxies
+CLIENT_GONE = 499  # nginx's "client closed request": the answer nobody reads, for the access log
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready; its job is cancelled."""
+
+
+async def until_disconnected(request: Request) -> None:
+    """Return once the client has gone. Call it only once the body is read: what comes next is the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_client_leaves(request: Request, job: Job, work):
+    """Await `work` (a coroutine); if the client disconnects first, cancel the job and raise ClientGone."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(until_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()  # (an event stream's own disconnect listener takes over from here)
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        return task.result()
+    job.cancel()  # waiting: the engine thread skips it; running: it ends at its next step boundary
+    raise ClientGone
 
 
 def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, token: str | None = None,
@@ -46,7 +82,7 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
 
     async def read_body(request: Request) -> bytes:
         declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > max_body:
+        if declared and declared.isascii() and declared.isdigit() and int(declared) > max_body:
             raise ApiError(413, f"the body is larger than {max_body} bytes (--max-body)")
         body = bytearray()
         async for chunk in request.stream():  # a chunked body declares no length: count it
@@ -61,7 +97,8 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
         if isinstance(body, PredictRequest):
             body = GenerateRequest(prompt=body.prompt)
         job = worker.submit(body, asyncio.get_running_loop())
-        first = await job.records.get()  # start, or the error that kept it from starting (422, 503)
+        # its start record, or the 503 that kept it from starting (the server stopped while it waited)
+        first = await unless_client_leaves(request, job, job.records.get())
         if first[1]["type"] == "error":
             raise ApiError(first[1]["status"], first[1]["error"], first[1].get("field"))
         return job, first
@@ -78,7 +115,7 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
         job, first = await submit(request, GenerateRequest)
         if job.request.stream:
             return EventSourceResponse(stream(job, first), ping=PING_S)
-        end = await collect(job, first)
+        end = await unless_client_leaves(request, job, collect(job, first))
         return JSONResponse({"text": end["text"], "generated_ids": end["generated_ids"], "summary": end,
                              "request": job.id})
 
@@ -99,7 +136,7 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
 
     async def predict(request: Request) -> Response:
         job, first = await submit(request, PredictRequest)
-        end = await collect(job, first)
+        end = await unless_client_leaves(request, job, collect(job, first))
         # The seed's server answered the decoded sequence, prompt included.
         return JSONResponse({"text": job.sequence_text, "generated_text": end["text"], "summary": end})
 
@@ -114,7 +151,7 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
     async def events(request: Request) -> Response:
         check_token(request)
         last = request.headers.get("last-event-id", "")
-        watcher = hub.subscribe(int(last) if last.isdigit() else None)
+        watcher = hub.subscribe(int(last) if last.isascii() and last.isdigit() else None)  # not "²": int() refuses it
 
         async def records():
             try:
@@ -125,12 +162,28 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
 
         return EventSourceResponse(records(), ping=PING_S)
 
+    async def openapi(request: Request) -> Response:
+        check_token(request)
+        return JSONResponse(openapi_document(cap, list(worker.drafters), token is not None))
+
+    def error_response(status: int, body: dict, headers: dict | None = None) -> Response:
+        # ASCII JSON: an error may quote what the client sent, and a lone surrogate has no UTF-8 form
+        return Response(json.dumps(body), status_code=status, headers=headers, media_type="application/json")
+
     async def api_error(request: Request, err: ApiError) -> Response:
         metrics.rejected.labels(str(err.status)).inc()
-        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+        return error_response(err.status, err.body(), err.headers)
+
+    async def client_gone(request: Request, err: ClientGone) -> Response:
+        return Response(status_code=CLIENT_GONE)
 
     async def http_error(request: Request, err: HTTPException) -> Response:
-        return JSONResponse({"error": err.detail, "field": None}, status_code=err.status_code, headers=err.headers)
+        return error_response(err.status_code, {"error": err.detail, "field": None}, err.headers)
+
+    async def internal_error(request: Request, err: Exception) -> Response:
+        # A bug, not the client's fault: still the error shape (not Starlette's plain text); the fuzz tests fail on it
+        metrics.rejected.labels("500").inc()
+        return error_response(500, {"error": f"internal error: {type(err).__name__}", "field": None})
 
     routes = [
         Route("/generate", generate, methods=["POST"]),
@@ -138,5 +191,7 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_page, methods=["GET"]),
         Route("/events", events, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={ApiError: api_error, HTTPException: http_error})
+    return Starlette(routes=routes, exception_handlers={ApiError: api_error, ClientGone: client_gone,
+                                                          HTTPException: http_error, Exception: internal_error})

@@ -20,6 +20,7 @@ from specview.files import ensure_writable_dir
 from specview.serve.app import create_app
 from specview.serve.hub import EventHub
 from specview.serve.metrics import ServeMetrics
+from specview.serve.options import PROFILE_MAX_STEPS
 from specview.serve.worker import EngineWorker
 from specview.session import Session, open_session
 from specview.settings import Settings
@@ -39,13 +40,13 @@ class Served:
 
     def __init__(self, session: Session, sock: socket.socket, *, token: str | None = None, queue_size: int = 16,
                  cap: int = 1024, max_body: int = 65536, profile_dir: str = "profiles", t_ar_ms: float | None = None,
-                 stop: Stop | None = None):
+                 stop: Stop | None = None, profile_max_steps: int | None = PROFILE_MAX_STEPS):
         s = session.settings
         self.sock = sock
         self.metrics = ServeMetrics()
         self.hub = EventHub()
         self.worker = EngineWorker(session, self.metrics, self.hub, queue_size=queue_size,
-                                   cap=cap, profile_dir=profile_dir, stop=stop)
+                                   cap=cap, profile_dir=profile_dir, stop=stop, profile_max_steps=profile_max_steps)
         if t_ar_ms is not None:  # timed once at start: the profile's c and v use it, no request waits for it
             self.worker.recorder.meta["t_ar_ms"] = t_ar_ms
         info = {"target": session.target.spec, "drafters": [d.spec for d in session.drafters],
@@ -115,7 +116,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve_command(args) -> int:
-    from specview.session import time_target_token
+    from specview.profiling.t_ar import time_target_token
 
     settings = Settings.from_args(args)
     profile_dir = args.profile_dir or settings.profile_dir
@@ -127,7 +128,8 @@ def serve_command(args) -> int:
             session = open_session(settings, lambda text: print(text, file=sys.stderr, flush=True))
             t_ar_ms = time_target_token(session.decoder("autoregressive"), session.prompt_ids)
         served = Served(session, sock, token=args.token, queue_size=args.queue, cap=args.max_new_tokens_cap,
-                        max_body=args.max_body, profile_dir=profile_dir, t_ar_ms=t_ar_ms, stop=stop)
+                        max_body=args.max_body, profile_dir=profile_dir, t_ar_ms=t_ar_ms, stop=stop,
+                        profile_max_steps=args.profile_max_steps or None)
         sock.listen(128)
         drafters = ", ".join(d.spec for d in session.drafters) or "no drafter"
         _say(f"specview serve: {session.target.spec} with {drafters} on {served.url} (ctrl+c stops)")

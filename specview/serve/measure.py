@@ -12,6 +12,10 @@ adds to each step compared with `specview run`.
     python -m specview.serve.measure bookkeeping [-N 256 RUN OPTIONS...]
         In one process, what the server's engine thread does per step besides run.step() (profile record,
         metrics, token texts, the record and its JSON), timed against the step itself.
+    python -m specview.serve.measure soak [--requests 5000 --every 500 -N 16 SERVE OPTIONS...]
+        A server that runs for days: one `specview serve` (a subprocess) answers REQUESTS requests one after
+        another; its RSS (psutil) is read every EVERY requests, with the steps it has run so far (/metrics).
+        On tiny models (e.g. the pair `python -m specview.bench.soak --keep DIR` builds) it takes minutes.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -111,15 +116,8 @@ def overhead(options: list[str], rounds: int, n: int) -> dict:
     args = parse_serve_args(options)
     body = {"prompt": args.prompt, "max_new_tokens": n, "k": args.k, "temperature": args.temperature,
             "ignore_eos": True}
-    server = subprocess.Popen([sys.executable, "-m", "specview.cli", "serve", *options, "--port", "0"],
-                              stderr=subprocess.PIPE, text=True)
+    server, url = start_server(options)
     try:
-        for line in server.stderr:
-            if match := re.search(r" on (http://\S+) ", line):
-                url = match.group(1)
-                break
-        else:
-            raise SystemExit("the server did not start")
         run_opts = [*options, "-N", str(n), "--ignore-eos"]
         got = {"run": ([], []), "serve": ([], [])}
         with httpx.Client(base_url=url, timeout=None) as client:
@@ -138,15 +136,59 @@ def overhead(options: list[str], rounds: int, n: int) -> dict:
     return out
 
 
+def start_server(options: list[str]) -> tuple[subprocess.Popen, str]:
+    """`specview serve OPTIONS --port 0` in a subprocess -> (the process, its URL once it listens)."""
+    server = subprocess.Popen([sys.executable, "-m", "specview.cli", "serve", *options, "--port", "0"],
+                              stderr=subprocess.PIPE, text=True)
+    for line in server.stderr:
+        if match := re.search(r" on (http://\S+) ", line):
+            # read the rest (a full pipe would block the server); its last lines say where the profile went
+            threading.Thread(target=lambda: [print(f"server: {line}", end="", file=sys.stderr)
+                                             for line in server.stderr], daemon=True).start()
+            return server, match.group(1)
+    server.wait()
+    raise SystemExit(f"the server did not start (exit {server.returncode})")
+
+
+def soak(options: list[str], requests: int, every: int, n: int) -> dict:
+    import psutil
+
+    from specview.serve.options import parse_serve_args
+
+    args = parse_serve_args(options)
+    body = {"prompt": args.prompt, "max_new_tokens": n, "ignore_eos": True}
+    server, url = start_server(options)
+    proc = psutil.Process(server.pid)
+    samples = []
+    t0 = time.perf_counter()
+    try:
+        with httpx.Client(base_url=url, timeout=None) as client:
+            for i in range(1, requests + 1):
+                client.post("/generate", json=body).raise_for_status()
+                if i % every == 0 or i == requests:
+                    samples.append({"requests": i, "steps": int(counters(client)["specview:steps_total"]),
+                                    "rss_mb": round(proc.memory_info().rss / 2**20, 1),
+                                    "elapsed_s": round(time.perf_counter() - t0, 1)})
+                    print(json.dumps(samples[-1]), file=sys.stderr, flush=True)
+    finally:
+        server.terminate()  # SIGTERM: the server writes its profile, then exits
+        server.wait(600)
+    first, last = samples[0], samples[-1]
+    per_1000 = (last["rss_mb"] - first["rss_mb"]) / max(last["requests"] - first["requests"], 1) * 1000
+    return {"requests": requests, "max_new_tokens": n, "samples": samples,
+            "rss_first_mb": first["rss_mb"], "rss_last_mb": last["rss_mb"], "rss_peak_mb": max(s["rss_mb"] for s in samples),
+            "growth_after_first_sample_mb": round(last["rss_mb"] - first["rss_mb"], 1),
+            "growth_per_1000_requests_mb": round(per_1000, 2), "server_exit": server.returncode}
+
+
 def bookkeeping(options: list[str], n: int) -> dict:
+    from specview.backend.views import StepView, step_record
     from specview.detok import token_texts
     from specview.options import build_run_parser
     from specview.profiling.recorder import ProfileRecorder
     from specview.serve.metrics import ServeMetrics
-    from specview.service import step_record
     from specview.session import open_session
     from specview.settings import Settings
-    from specview.tui.views import StepView
 
     settings = Settings.from_args(build_run_parser().parse_args(options))
     session = open_session(settings)
@@ -189,11 +231,17 @@ def main(argv: list[str] | None = None) -> int:
     op.add_argument("-N", type=int, default=64)
     bp = sub.add_parser("bookkeeping")
     bp.add_argument("-N", type=int, default=256)
+    sp = sub.add_parser("soak")
+    sp.add_argument("--requests", type=int, default=5000)
+    sp.add_argument("--every", type=int, default=500)
+    sp.add_argument("-N", type=int, default=16)
     args, rest = p.parse_known_args(argv)
     if args.what == "load":
         result = load(args.url, args.requests, args.clients, args.N, args.K, args.token)
     elif args.what == "overhead":
         result = overhead(rest, args.rounds, args.N)
+    elif args.what == "soak":
+        result = soak(rest, args.requests, args.every, args.N)
     else:
         result = bookkeeping(rest, args.N)
     print(json.dumps(result, indent=1))

@@ -10,6 +10,10 @@ from specview.options import EPILOG, Parser, add_run_options, number_type
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 5000  # the seed project's server listened on 5000
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# The session profile keeps the newest steps only (a ring). A kept step weighs ~10 KB on a tiny 2-layer model,
+# ~15 KB on the bundled pair (a layernorm span per norm per forward): 10,000 steps, ~150 MB, ~25 minutes of
+# the bundled pair's steps on a CPU; the files written at the end grow with it (speedscope: every span).
+PROFILE_MAX_STEPS = 10_000
 
 
 def build_serve_parser() -> Parser:
@@ -28,6 +32,10 @@ def build_serve_parser() -> Parser:
                    help="requests that may wait for the engine; past that, 503 with Retry-After (default 16)")
     g.add_argument("--max-new-tokens-cap", default=1024, type=number_type(int, "--max-new-tokens-cap", lambda v: v >= 1, ">= 1"),
                    help="no request may ask for more tokens than this (default 1024)")
+    g.add_argument("--profile-max-steps", default=PROFILE_MAX_STEPS, metavar="N",
+                   type=number_type(int, "--profile-max-steps", lambda v: v >= 0, ">= 0"),
+                   help=f"the session profile keeps the newest N steps of all requests, letting older ones go "
+                        f"(its summary counts them); 0 keeps every step (default {PROFILE_MAX_STEPS:,})")
     g.add_argument("--max-body", default=65536, type=number_type(int, "--max-body", lambda v: v >= 64, ">= 64"),
                    help="largest request body in bytes; larger gets 413 (default 65536)")
     return p

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-K_MAX = 32  # as the TUI's + key: wider blocks only waste draft forwards
+from specview.settings import K_MAX
+from specview.text import text_problem
 
 
 class ApiError(Exception):
@@ -40,6 +41,11 @@ class GenerateRequest(BaseModel):
     ignore_eos: bool | None = None
     stream: bool = False
 
+    @field_validator("prompt")
+    @classmethod
+    def _is_text(cls, prompt: str) -> str:
+        return checked_prompt(prompt)
+
 
 class PredictRequest(BaseModel):
     """The seed project's server: {"prompt": ...} and nothing else needed."""
@@ -48,12 +54,29 @@ class PredictRequest(BaseModel):
 
     prompt: str
 
+    @field_validator("prompt")
+    @classmethod
+    def _is_text(cls, prompt: str) -> str:
+        return checked_prompt(prompt)
+
+
+def checked_prompt(prompt: str) -> str:
+    """A lone surrogate ("\\ud800" in the JSON) is refused on arrival: the tokenizer would fail on it."""
+    problem = text_problem(prompt)
+    if problem:
+        raise ValueError(f"not text: {problem}")
+    return prompt
+
 
 def parse_body(raw: bytes, model: type[BaseModel], cap: int) -> BaseModel:
     """Bytes -> a checked request, or ApiError 422 naming the first bad field."""
     try:
         data = json.loads(raw or b"null")
+    except RecursionError:  # [[[[...]]]]: the parser's stack, not the body size, gives out
+        raise ApiError(422, "the body is not JSON this server takes: nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as err:
+        if "integer string conversion" in str(err):  # Python's own limit, with advice for programmers
+            raise ApiError(422, "the body is not JSON this server takes: a number with over 4300 digits") from None
         raise ApiError(422, f"the body is not JSON: {err}") from None
     if not isinstance(data, dict):
         raise ApiError(422, "the body must be a JSON object, e.g. {\"prompt\": \"...\"}")
@@ -62,7 +85,8 @@ def parse_body(raw: bytes, model: type[BaseModel], cap: int) -> BaseModel:
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or None
-        raise ApiError(422, f"{field}: {first['msg']}" if field else first["msg"], field) from None
+        message = first["msg"].removeprefix("Value error, ")  # a validator's own words
+        raise ApiError(422, f"{field}: {message}" if field else message, field) from None
     n = getattr(request, "max_new_tokens", None)
     if n is not None and n > cap:
         raise ApiError(422, f"max_new_tokens: at most {cap} on this server (--max-new-tokens-cap)", "max_new_tokens")

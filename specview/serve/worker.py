@@ -7,20 +7,29 @@ the record and the job gets (that number, record), so a client whose /generate s
 up on /events after the last number it saw. Between two steps it looks at two flags: the job's
 `cancelled` (its client went away) and the server's Stop (SIGINT/SIGTERM: stopping.py). On a stop the
 request in flight ends after its step (stop_reason "interrupted"), the waiting ones are answered 503,
-and the session's profile (every step of every request) is written."""
+and the session's profile (the newest --profile-max-steps steps of all requests) is written.
+
+A request is checked whole on arrival (submit(), on the loop's thread), before it queues: its settings,
+its prompt's tokens (with the loop thread's own copy of the tokenizer: a Rust tokenizer refuses use from
+two threads at once) against the context, and a chat template if it asks for one. What the engine thread
+takes from the queue can run."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import itertools
 import math
 import queue
 import threading
 import time
+import traceback
+from collections import deque
 
 import torch
 
+from specview.backend.views import StepView, step_record
 from specview.detok import token_texts
 from specview.engine import Run, eos_token_ids
 from specview.errors import SpecviewError
@@ -29,10 +38,8 @@ from specview.runner import start_event
 from specview.serve.hub import EventHub
 from specview.serve.metrics import ServeMetrics
 from specview.serve.schema import ApiError
-from specview.service import step_record
 from specview.session import Session, check_context, encode_prompt
 from specview.stopping import Stop
-from specview.tui.views import StepView
 
 SHUTTING_DOWN = "the server is shutting down"
 
@@ -40,9 +47,11 @@ SHUTTING_DOWN = "the server is shutting down"
 class Job:
     """One request: what it asked for, where its records go, and its cancel flag."""
 
-    def __init__(self, ident: int, request, loop: asyncio.AbstractEventLoop):
+    def __init__(self, ident: int, request, loop: asyncio.AbstractEventLoop, settings=None, draft: str | None = None,
+                 prompt_ids: list[int] | None = None):
         self.id = ident
         self.request = request
+        self.settings, self.draft, self.prompt_ids = settings, draft, prompt_ids  # resolved and checked on arrival
         self.loop = loop
         self.records: asyncio.Queue = asyncio.Queue()  # made on the loop's thread, read there
         self.cancelled = threading.Event()
@@ -59,7 +68,7 @@ def error_record(err: ApiError) -> dict:
 
 class EngineWorker:
     def __init__(self, session: Session, metrics: ServeMetrics, hub: EventHub, *, queue_size: int, cap: int,
-                 profile_dir: str, stop: Stop | None = None):
+                 profile_dir: str, stop: Stop | None = None, profile_max_steps: int | None = None):
         self.session = session
         self.metrics = metrics
         self.hub = hub
@@ -68,15 +77,17 @@ class EngineWorker:
         self.stop = stop or Stop()
         self.jobs: queue.Queue = queue.Queue()  # bounded by submit(): the sentinel of a stop always fits
         self.ids = itertools.count()
-        self.recorder = ProfileRecorder(session, "speculative", profile_dir)
+        self.recorder = ProfileRecorder(session, "speculative", profile_dir, max_steps=profile_max_steps)
+        self.tokenizer = copy.deepcopy(session.target.tokenizer)  # the loop thread's own (submit())
         self.decoders: dict[str, object] = {}  # drafter spec (or "autoregressive") -> its Decoder
         self.drafters = {d.spec: d for d in session.drafters}
         self.eos_ids = eos_token_ids(session.target)
         # No seed in a request: draws continue on this generator, seeded once (runs follow each other).
         self.generator = torch.Generator(device=session.device).manual_seed(session.settings.seed)
-        self.summaries: list = []
+        self.summaries: deque = deque()  # the runs that still have steps in the profile (its prefills, stop reasons)
         self.running: Job | None = None
         self.mean_latency_s = 0.0
+        self.served = 0  # requests run to their end
         self.profile_path: str | None = None
         self.profile_error: str | None = None
         self.finished = threading.Event()
@@ -94,6 +105,8 @@ class EngineWorker:
                            "draft")
         if request.method == "speculative" and not self.drafters:
             raise ApiError(400, "this server loaded no drafter: use method autoregressive", "method")
+        settings, draft = self._settings(request)
+        prompt_ids = self._admit(settings, draft)  # 422 now, not when its turn comes
         if self.stop:
             raise ApiError(503, SHUTTING_DOWN)
         waiting = self.jobs.qsize()
@@ -101,10 +114,26 @@ class EngineWorker:
             # A guess at when a place frees up: the requests ahead, at the mean time of one.
             retry = max(1, math.ceil(self.mean_latency_s * (waiting + 1) / 2))
             raise ApiError(503, f"the queue is full ({waiting} waiting); retry later", headers={"Retry-After": str(retry)})
-        job = Job(next(self.ids), request, loop)
+        job = Job(next(self.ids), request, loop, settings, draft, prompt_ids)
         self.jobs.put(job)
         self.metrics.waiting.set(self.jobs.qsize())
         return job
+
+    def _admit(self, settings, draft: str | None) -> list[int]:
+        """The request's prompt ids, or ApiError 422 naming the field: no chat template, an empty prompt with no
+        BOS to start from, prompt + N past the context of the target or of the request's draft model."""
+        try:
+            prompt_ids = encode_prompt(self.tokenizer, settings.prompt, settings.chat)
+        except SpecviewError as err:
+            raise ApiError(422, str(err).replace("--chat", "chat").replace("give --prompt", "give a prompt"),
+                           "chat" if settings.chat else "prompt") from None
+        draft_model = getattr(self.drafters[draft], "lm", None) if draft else None
+        models = [self.session.target, draft_model]
+        try:
+            check_context(models, len(prompt_ids), settings.max_new_tokens)
+        except SpecviewError as err:
+            raise ApiError(422, str(err).replace("-N", "max_new_tokens"), _context_field(models, len(prompt_ids))) from None
+        return prompt_ids
 
     def request_stop(self, reason: str = "requested") -> None:
         """Stop after the step in flight (any thread; a signal handler calls it through the loop)."""
@@ -113,7 +142,8 @@ class EngineWorker:
 
     @property
     def waiting(self) -> int:
-        return sum(1 for job in list(self.jobs.queue) if job is not None)
+        """Requests queued that will run (a cancelled one stays in the queue until the engine skips it)."""
+        return sum(1 for job in list(self.jobs.queue) if job is not None and not job.cancelled.is_set())
 
     def _deliver(self, job: Job, record: dict, publish: bool) -> None:
         """On the loop's thread: number the record in the hub (watchers get it) and hand it to the job."""
@@ -166,12 +196,11 @@ class EngineWorker:
         self.metrics.running.set(1)
         try:
             self._run(job)
-        except ApiError as err:  # found once it ran: the prompt's tokens, the context (the app counts it)
-            self._send(job, error_record(err), publish=False)
         except Exception as err:  # noqa: BLE001 - one failed request must not end the server
             self.metrics.requests.labels("error").inc()
-            record = {"type": "error", "status": 500, "error": f"{type(err).__name__}: {err}", "field": None,
-                      "request": job.id}
+            traceback.print_exc()  # for the operator; the client learns only that it is the server's fault
+            record = {"type": "error", "status": 500, "error": f"internal error ({type(err).__name__}): see the "
+                      "server's log", "field": None, "request": job.id}
             self._send(job, record)
         finally:
             self.running = None
@@ -198,18 +227,9 @@ class EngineWorker:
 
     def _run(self, job: Job) -> None:
         session, r = self.session, job.request
-        settings, draft = self._settings(r)
+        settings, draft, prompt_ids = job.settings, job.draft, job.prompt_ids
         tokenizer = session.target.tokenizer
-        try:
-            prompt_ids = encode_prompt(tokenizer, settings.prompt, settings.chat)
-        except SpecviewError as err:
-            raise ApiError(422, str(err).replace("--chat", "chat").replace("give --prompt", "give a prompt"),
-                           "chat" if settings.chat else "prompt") from None
         decoder = self._decoder(draft)
-        try:
-            check_context([session.target, decoder.draft], len(prompt_ids), settings.max_new_tokens)
-        except SpecviewError as err:
-            raise ApiError(422, str(err).replace("-N", "max_new_tokens"), "max_new_tokens") from None
         # One decoder per drafter, set up for this request: sampling, K, EOS and the random stream.
         decoder.sampling, decoder.k = settings.sampling, settings.k
         decoder.eos_ids = set() if settings.ignore_eos else self.eos_ids
@@ -236,10 +256,23 @@ class EngineWorker:
             run.summary.stop_reason = "cancelled" if job.cancelled.is_set() else "interrupted"
         run.summary.text = decode(run.generated)
         self.summaries.append(run.summary)
+        records = self.recorder.records
+        while self.recorder.dropped and self.summaries and records and self.summaries[0].run < records[0].step["run"]:
+            self.summaries.popleft()  # none of its steps is left in the profile: let its summary go too
+        self.served += 1
         latency = time.perf_counter() - job.queued_at
-        self.mean_latency_s += (latency - self.mean_latency_s) / len(self.summaries)
+        self.mean_latency_s += (latency - self.mean_latency_s) / self.served
         self.metrics.finished(run.summary.stop_reason, latency)
         end = run.summary.to_json()
         end["request"] = job.id
         job.sequence_text = decode(run.tokens)  # read by the loop once `end` arrives there
         self._send(job, end)
+
+
+def _context_field(models, prompt_len: int) -> str:
+    """The field to change when prompt + N is past the context: the prompt once it leaves no room at all."""
+    try:
+        check_context(models, prompt_len, 1)
+    except SpecviewError:
+        return "prompt"
+    return "max_new_tokens"

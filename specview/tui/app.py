@@ -13,14 +13,14 @@ from textual.binding import Binding
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
+from specview.backend.base import Backend
+from specview.backend.views import SessionInfo
 from specview.diagnosis import diagnose
 from specview.errors import SpecviewError
 from specview.stopping import Stop
 from specview.tui import messages as msg
-from specview.tui.backend import Backend, StepQueue
-from specview.tui.state import AppState
+from specview.tui.state import AppState, StepQueue
 from specview.tui.stats import LiveStats
-from specview.tui.views import SessionInfo
 from specview.tui.widgets.help_screen import HelpScreen
 from specview.tui.widgets.loading import LoadingPanel
 from specview.tui.widgets.main_view import MainView
@@ -360,7 +360,7 @@ def tui_command(args) -> int:
 
     settings = Settings.from_args(args)
     if getattr(args, "attach", None):
-        from specview.serve.attach import AttachBackend
+        from specview.tui.attach import AttachBackend
 
         return run_tui(SpecviewApp(AttachBackend(args.attach, args.token, settings, follow=args.follow)))
     # The engine runs in a child process: the screen's rendering cannot slow its timed forwards.

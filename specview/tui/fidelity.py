@@ -66,7 +66,7 @@ def headless(run_args: list[str], folder: str) -> dict:
 
 def pilot(run_args: list[str], folder: str) -> dict:
     """The TUI under Pilot: the app runs, its widgets render, but no terminal receives a frame."""
-    from specview.cli import build_tui_parser
+    from specview.options import build_tui_parser
     from specview.settings import Settings
     from specview.tui.app import SpecviewApp
     from specview.tui.process import ProcessBackend

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from textual.message import Message
 
-from specview.tui.views import RunInfo, SessionInfo, StepView
+from specview.backend.views import RunInfo, SessionInfo, StepView
 
 
 @dataclass

@@ -10,22 +10,22 @@ import os
 import subprocess
 import sys
 from collections import deque
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from threading import Thread
 
-from specview.errors import SpecviewError
-from specview.events import StepResult
-from specview.tui.backend import Backend
-from specview.tui.views import RunInfo, SessionInfo, StepView
+from specview.backend.base import Backend
+from specview.backend.views import RunInfo, SessionInfo, StepView, step_view
+from specview.errors import SpecviewError, quoted
 
-_STEP_FIELDS = {f.name for f in fields(StepResult)}
 STDERR_LINES = 20  # the child's last stderr lines kept, to say why it died
 
 
-def step_view(record: dict) -> StepView:
-    """A stream step record back into what the widgets draw."""
-    step = StepResult(**{k: v for k, v in record.items() if k in _STEP_FIELDS})
-    return StepView(step, {int(i): t for i, t in record["texts"].items()}, record["prefill_ms"])
+def _field(record: dict, name: str, kind):
+    """record[name] when it is a `kind`; else SpecviewError: the other side is not the engine stream we know."""
+    value = record.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise SpecviewError(f"a malformed {record.get('type')} record: {name} is {quoted(json.dumps(value))}")
+    return value
 
 
 class ProcessBackend(Backend):
@@ -67,13 +67,21 @@ class ProcessBackend(Backend):
             if not line:
                 self.proc.wait()
                 raise SpecviewError(self._death())
-            record = json.loads(line)
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError):
+                record = None
+            if not isinstance(record, dict) or not isinstance(record.get("type"), str):
+                # not a record: something in the child wrote to its stdout (a C library's print); keep it
+                # for the death message and read on
+                self.stderr_tail.append(f"stdout: {line.strip()[:200]}")
+                continue
             if record["type"] == "progress":
                 if on_progress:
-                    on_progress(record["text"])
+                    on_progress(str(record.get("text", "")))
                 continue
             if record["type"] == "error":
-                raise SpecviewError(record["message"])
+                raise SpecviewError(" ".join(str(record.get("message", "the engine failed")).split()))
             return record
 
     def _death(self) -> str:
@@ -87,9 +95,12 @@ class ProcessBackend(Backend):
         self._start()
         with self.lock:
             record = self._ask({"cmd": "load"}, on_progress)
-        info = SessionInfo(**record["info"])
+        try:
+            info = SessionInfo(**_field(record, "info", dict))
+        except TypeError as err:
+            raise SpecviewError(f"a malformed loaded record ({quoted(str(err))})") from None
         self.draft = info.draft
-        return info, RunInfo(record["run"])
+        return info, RunInfo(_field(record, "run", int))
 
     def step(self) -> StepView:
         with self.lock:
@@ -102,11 +113,11 @@ class ProcessBackend(Backend):
         with self.lock:
             record = self._ask({"cmd": "new_run"})
         self.steps, self.run_done = 0, False
-        return RunInfo(record["run"])
+        return RunInfo(_field(record, "run", int))
 
     def next_drafter(self) -> str:
         with self.lock:
-            self.draft = self._ask({"cmd": "next_drafter"})["spec"]
+            self.draft = _field(self._ask({"cmd": "next_drafter"}), "spec", str)
         return self.draft
 
     @property
@@ -121,11 +132,11 @@ class ProcessBackend(Backend):
         if self.proc is None:
             return None
         if final:  # the last word: the child saves, answers and exits
-            path = self._ask({"cmd": "quit"})["path"]
+            path = _field(self._ask({"cmd": "quit"}), "path", (str, type(None)))
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
             return path
-        return self._ask({"cmd": "save", "final": False})["path"]
+        return _field(self._ask({"cmd": "save", "final": False}), "path", (str, type(None)))
 
     def close(self) -> None:
         """The app is gone: end the child's input (it saves its profile and exits)."""

@@ -7,25 +7,20 @@ such a recording from any backend.
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, fields
+from dataclasses import asdict
 
-from specview.events import StepResult
-from specview.tui.backend import Backend
-from specview.tui.views import RunInfo, SessionInfo, StepView
+from specview.backend.base import Backend
+from specview.backend.views import RunInfo, SessionInfo, StepView, step_view
 
 SCHEMA = "specview.tui-replay/1"
-_STEP_FIELDS = {f.name for f in fields(StepResult)}
 
 
 class ReplayBackend(Backend):
     def __init__(self, recording: dict, gate: threading.Event | None = None, fail_at: int | None = None):
         self.info = SessionInfo(**recording["info"])
         super().__init__(self.info.target, self.info.draft, recording["k"], self.info.temperature)
-        self.views = [
-            StepView(StepResult(**{k: v for k, v in s["step"].items() if k in _STEP_FIELDS}),
-                     {int(i): t for i, t in s["texts"].items()}, s["prefill_ms"])
-            for s in recording["steps"]
-        ]
+        self.views = [step_view({**s["step"], "texts": s["texts"], "prefill_ms": s["prefill_ms"]})
+                      for s in recording["steps"]]
         # A step waits for `gate` (when given): a test holds a step in flight for exactly as long as it needs,
         # where a sleep would race the machine's load. `in_step` says a step has started.
         self.gate = gate

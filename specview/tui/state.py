@@ -1,7 +1,9 @@
-"""The app's state: one enum, set on the UI thread, read by the step worker between steps."""
+"""The app's state: one enum, set on the UI thread, read by the step worker between steps; and the steps
+asked for and not yet run."""
 
 from __future__ import annotations
 
+import threading
 from enum import Enum
 
 
@@ -27,3 +29,33 @@ class AppState(Enum):
 
 STYLES = {AppState.RUNNING: "bold green", AppState.STEPPING: "green", AppState.PAUSED: "yellow",
           AppState.PAUSING: "yellow", AppState.FAILED: "bold red", AppState.ENDED: "bold magenta"}
+
+
+class StepQueue:
+    """Steps asked for (space presses) and not yet run: added on the UI thread, taken by the worker."""
+
+    def __init__(self):
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self._count += 1
+
+    def take(self) -> bool:
+        with self._lock:
+            if self._count <= 0:
+                return False
+            self._count -= 1
+            return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._count = 0
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    @property
+    def count(self) -> int:
+        return self._count

@@ -8,10 +8,10 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
+from specview.backend.views import StepView
 from specview.palette import ACCEPT_STYLE, ORIGIN_STYLES, REJECT_STYLE
 from specview.tui.grid import Column, Grid, beside
 from specview.tui.render import fmt, visible
-from specview.tui.views import StepView
 from specview.tui.widgets.panel import unchanged
 
 CELL = 9  # token text cells per position

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from textual.containers import Horizontal, Vertical
 
+from specview.backend.views import SessionInfo, StepView
 from specview.tui.stats import LiveStats
-from specview.tui.views import SessionInfo, StepView
 from specview.tui.widgets.acceptance import AcceptancePanel
 from specview.tui.widgets.block_view import BlockView
 from specview.tui.widgets.error_panel import ErrorPanel

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from rich.text import Span, Text
 from textual.containers import VerticalScroll
 
+from specview.backend.views import SessionInfo, StepView
 from specview.palette import ORIGIN_STYLES, legend_markup
 from specview.tui.render import HIGHLIGHT, SOURCE
-from specview.tui.views import SessionInfo, StepView
 from specview.tui.widgets.fitted import Fitted
 
 

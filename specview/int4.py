@@ -64,7 +64,7 @@ def split_halves(codes: torch.Tensor) -> torch.Tensor:
     return (codes[:, :half] | codes[:, half:] << 4).to(torch.uint8).contiguous()
 
 
-def _pack(codes: torch.Tensor) -> torch.Tensor:
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     if codes.device.type == "cuda":  # untested here: no GPU
         k = codes.shape[1]
         tiles = next(t for t in (8, 4, 2) if k % (16 * t) == 0)  # k % 32 == 0 always holds (group >= 32)
@@ -82,7 +82,7 @@ class Int4Linear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.group_size = group_size
         codes, scales_and_zeros = quantize(weight, group_size)
-        self.register_buffer("packed", _pack(codes))
+        self.register_buffer("packed", pack_codes(codes))
         # The codes themselves, two per byte, for fastdecode (which fuses q/k/v and gate/up by repacking them):
         # a plain attribute, not a buffer, so the roofline counts only what a forward reads.
         self.halves = split_halves(codes) if codes.device.type == "cpu" else None

@@ -1,6 +1,6 @@
 """`specview --attach URL`: the TUI on a remote `specview serve`, behind the same Backend interface as the
 child-process engine (tui/process.py), and drawing the same records with the same conversion
-(`tui.process.step_view`): the server's step records are the engine stream's.
+(`backend.views.step_view`): the server's step records are the engine stream's.
 
 Two modes:
   requests (default)  space / r show the next step of a generation the server runs with the TUI's
@@ -20,11 +20,10 @@ import threading
 
 import httpx
 
+from specview.backend.base import Backend
+from specview.backend.views import RunInfo, SessionInfo, StepView, step_view
 from specview.errors import SpecviewError
 from specview.serve.client import iter_sse
-from specview.tui.backend import Backend
-from specview.tui.process import step_view
-from specview.tui.views import RunInfo, SessionInfo, StepView
 
 CONNECT_S = 10.0  # connecting and each read of a header; a stream itself may stay quiet for long
 BACKOFF_S = (0.5, 1, 2, 4, 8)  # waits between retries after a dropped connection (then 8 s each)

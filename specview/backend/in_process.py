@@ -1,94 +1,15 @@
-"""The engine as the TUI drives it: load, one step at a time, K between steps, profile saves.
-
-Every method blocks and is called from a worker thread; `lock` keeps one engine call at a time, so a
-save waits for the step in flight. No textual here: the app talks to this through its workers.
-"""
+"""The engine in this process behind the Backend interface: specview.session loads the pair, a
+ProfileRecorder (specview.profiling) records every step. The engine stream (service.py) runs it in the TUI's
+child process; tests drive it directly."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
 
+from specview.backend.base import Backend
+from specview.backend.views import RunInfo, SessionInfo, StepView
 from specview.detok import CONTEXT, piece_in_context, token_texts
 from specview.events import RunSummary
-from specview.tui.views import RunInfo, SessionInfo, StepView
-
-K_MAX = 32  # + stops here: wider blocks only waste draft forwards
-
-
-class StepQueue:
-    """Steps asked for (space presses) and not yet run: added on the UI thread, taken by the worker."""
-
-    def __init__(self):
-        self._count = 0
-        self._lock = threading.Lock()
-
-    def add(self) -> None:
-        with self._lock:
-            self._count += 1
-
-    def take(self) -> bool:
-        with self._lock:
-            if self._count <= 0:
-                return False
-            self._count -= 1
-            return True
-
-    def clear(self) -> None:
-        with self._lock:
-            self._count = 0
-
-    def __bool__(self) -> bool:
-        return self._count > 0
-
-    @property
-    def count(self) -> int:
-        return self._count
-
-
-class Backend:
-    def __init__(self, target: str, draft: str, k: int, temperature: float):
-        self.lock = threading.Lock()
-        self.target, self.draft, self.temperature = target, draft, temperature  # known before loading
-        self.k = k  # K for the next step; the app sets it, step() applies it under the lock
-
-    def set_k(self, k: int) -> int:
-        self.k = max(1, min(K_MAX, k))
-        return self.k
-
-    def next_drafter(self) -> str:
-        """Switch to the next drafter for the next steps -> its spec (a session of one keeps it)."""
-        return self.draft
-
-    def load(self, on_progress: Callable[[str], None]) -> tuple[SessionInfo, RunInfo]:
-        raise NotImplementedError
-
-    def step(self) -> StepView:
-        raise NotImplementedError
-
-    def new_run(self) -> RunInfo:
-        raise NotImplementedError
-
-    @property
-    def done(self) -> bool:
-        raise NotImplementedError
-
-    @property
-    def steps_done(self) -> int:
-        """Completed steps of the current run (the index of the next one)."""
-        raise NotImplementedError
-
-    def save(self, final: bool = False) -> str | None:
-        """Write the session's profile once the step in flight is done; -> its path (None: no profile)."""
-        with self.lock:
-            return self._save(final)
-
-    def _save(self, final: bool) -> str | None:
-        return None
-
-    def close(self) -> None:
-        """The app is gone (a child process ends; in-process, nothing to do)."""
 
 
 class EngineBackend(Backend):
@@ -105,7 +26,8 @@ class EngineBackend(Backend):
 
     def load(self, on_progress):
         from specview.profiling.recorder import ProfileRecorder
-        from specview.session import open_session, time_target_token
+        from specview.profiling.t_ar import time_target_token
+        from specview.session import open_session
 
         t0 = time.perf_counter()
         session = open_session(self.settings, on_progress)

@@ -1,0 +1,112 @@
+"""Draft-length policies (policies.py): each only decides how many tokens to draft, so the output stays the
+target's exact law (the enumeration test of test_lossless.py, with its power test) and greedy output equals
+autoregressive output; and each does decide: p-min cuts, heuristic and goodput move the budget."""
+
+import numpy as np
+import pytest
+import torch
+from test_lossless import CASES, N_TOKENS, SAMPLES, exact_joint, tv, tv_threshold
+
+import specview.engine as engine
+from specview.engine import Decoder
+from specview.errors import SpecviewError
+from specview.events import StepResult
+from specview.policies import Goodput, Heuristic, make_policy, parse_policy
+from specview.settings import SamplingConfig
+
+PROMPT = [1, 5]
+
+
+def policy_counts(target, draft, cfg, policy, k=2, vocab=8, samples=SAMPLES):
+    """Counts of the first three tokens over `samples` runs, and every step's (drafted, stopped_by,
+    rejected). The cut-offs below both cut and draft: this draft's top probability after the prompt is about
+    0.2 at temperature 1 and about 0.5 at 0.7 with top-k 3."""
+    decoder = Decoder(target, draft, cfg, k=k, seed=7, ignore_eos=True, policy=policy)
+    counts, steps = np.zeros(vocab**N_TOKENS), []
+    for _ in range(samples):
+        run = decoder.start(PROMPT, N_TOKENS)
+        while not run.done:
+            step = run.step()
+            steps.append((len(step.drafted), step.stopped_by, step.rejected_at is not None))
+        a, b, c = run.generated
+        counts[(a * vocab + b) * vocab + c] += 1
+    return counts, steps
+
+
+@pytest.mark.parametrize("policy,cfg_name", [
+    ("p-min=0.2", "temperature 1"), ("p-min=0.4", "temperature 0.7, top-k 3"),
+    ("heuristic", "temperature 1"), ("goodput", "temperature 1"),
+])
+def test_every_policy_keeps_the_target_law(small_vocab_pair, policy, cfg_name):
+    target, draft = small_vocab_pair
+    cfg = CASES[cfg_name]
+    exact = exact_joint(target, cfg, 8)
+    counts, steps = policy_counts(target, draft, cfg, policy)
+    assert sum(rejected for _, _, rejected in steps) > SAMPLES // 20, "the draft must be rejected often"
+    drafted = {n for n, _, _ in steps}
+    if policy.startswith("p-min"):
+        assert any(why == "p-min" for _, why, _ in steps) and max(drafted) > 0, "p-min must both cut and draft"
+    else:
+        assert len(drafted - {0}) >= 1 and sum(n for n, _, _ in steps) > SAMPLES
+    assert tv(counts, exact) < tv_threshold(exact), f"{policy}, {cfg_name}: output is not the target's law"
+
+
+def test_the_policy_law_test_has_power(small_vocab_pair, monkeypatch):
+    target, draft = small_vocab_pair
+    cfg = CASES["temperature 1"]
+    monkeypatch.setattr(engine, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
+    exact = exact_joint(target, cfg, 8)
+    counts, _ = policy_counts(target, draft, cfg, "p-min=0.2")
+    assert tv(counts, exact) > tv_threshold(exact)
+
+
+@pytest.mark.parametrize("policy", ["p-min=0.9", "heuristic", "goodput"])
+def test_every_policy_is_greedy_equal(loaded_pair, policy):
+    target, draft = loaded_pair
+    greedy = SamplingConfig(temperature=0)
+    prompt = [1, 5, 9, 11]
+    want = [t for s in Decoder(target, None, greedy, ignore_eos=True).generate(prompt, 30) for t in s.emitted]
+    steps = list(Decoder(target, draft, greedy, k=4, ignore_eos=True, policy=policy).generate(prompt, 30))
+    assert [t for s in steps for t in s.emitted] == want
+    assert all(s.policy == parse_policy(policy) and s.stopped_by in ("budget", "p-min", "no-proposal") for s in steps)
+    assert all("policy" in s.to_json() for s in steps)
+
+
+def test_parse_policy_spells_and_refuses():
+    assert parse_policy(" fixed ") == "fixed" and parse_policy("p-min=0.60") == "p-min=0.6"
+    for bad in ("p-min=0", "p-min=1", "p-min=x", "fast", ""):
+        with pytest.raises(SpecviewError, match="--draft-policy"):
+            parse_policy(bad)
+
+
+def _step(drafted: int, accepted: int, draft_ms: float = 1.0, verify_ms: float = 10.0) -> StepResult:
+    rejected = accepted < drafted
+    return StepResult(step=0, drafted=[0] * drafted, q=[], p=[], r=None, accepted=accepted,
+                      rejected_at=accepted if rejected else None, resampled=None, residual_top=None, bonus=None,
+                      emitted=[], phases_ms={"draft": draft_ms * drafted, "verify": verify_ms})
+
+
+def test_heuristic_grows_after_a_whole_block_and_shrinks_otherwise():
+    policy = Heuristic("heuristic")
+    assert policy.budget(4) == 4
+    policy.observe(_step(4, 1))
+    assert policy.budget(4) == 3
+    policy.observe(_step(3, 3))
+    assert policy.budget(8) == 5 and policy.budget(4) == 4  # + and - still set the maximum
+    for _ in range(10):
+        policy.observe(_step(1, 0))
+    assert policy.budget(4) == 1
+
+
+def test_goodput_drafts_more_when_drafts_are_cheap_and_accepted_and_none_when_not():
+    cheap = Goodput("goodput")
+    assert cheap.budget(6) == 6  # nothing measured yet: draft K to measure
+    for _ in range(20):
+        cheap.observe(_step(6, 6, draft_ms=0.5, verify_ms=10.0))
+    assert cheap.budget(6) == 6
+    costly = Goodput("goodput")
+    for _ in range(20):
+        costly.observe(_step(3, 0, draft_ms=8.0, verify_ms=10.0))
+        costly.observe(_step(0, 0, verify_ms=9.0))
+    assert costly.budget(6) == 0
+    assert make_policy("goodput").spec == "goodput"
