@@ -265,13 +265,13 @@ def _fuse(*modules):
 def _fuse_int4(modules):
     """int4 layers fused by stacking their codes (recovered from the split_halves layout) and repacking:
     the same codes, scales and zeros, one kernel call instead of three (or two)."""
-    from specview.int4 import pack_codes
+    from specview.int4 import join_halves, pack_codes
 
     weights = [_weight(m) for m in modules]
     if any(w[0] != "int4" or w[4] is not None or w[5] is None for w in weights) or len({w[3] for w in weights}) > 1:
         return ("split", *weights)
     halves = torch.cat([w[5] for w in weights])
-    codes = torch.cat([(halves & 15).to(torch.int32), (halves >> 4).to(torch.int32)], dim=1)
+    codes = join_halves(halves)
     scales_and_zeros = torch.cat([w[2] for w in weights], dim=1).contiguous()
     return ("fused", ("int4", pack_codes(codes), scales_and_zeros, weights[0][3], None, halves))
 

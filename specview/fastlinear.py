@@ -102,13 +102,18 @@ def faster(dtype: torch.dtype, shape: tuple[int, int] = (2048, 2048)) -> bool:
     return choice
 
 
+def probe_matrices(dtype: torch.dtype, shape: tuple[int, int]) -> int:
+    """How many distinct matrices of this shape a kernel probe cycles through: PROBE_BYTES of them, so they
+    stream from memory as a forward's weights do, but at most PROBE_MATRICES (a small model's weights all
+    fit in cache, and so do the probe's, as in its forward)."""
+    return min(PROBE_MATRICES, max(2, PROBE_BYTES // (shape[0] * shape[1] * torch.finfo(dtype).bits // 8)))
+
+
 def _probe(dtype: torch.dtype, shape: tuple[int, int], repeats: int = 5) -> tuple[float, float]:
     """Seconds for one pass of 1-row and PACK_ROWS-row products over enough distinct weights of this shape
     to stream them from memory (one hot matrix sits in cache and favours F.linear, which a forward never
     sees), stock against packed, interleaved, the best of `repeats` each (noise only adds; ~0.3 s)."""
-    # (at most PROBE_MATRICES: a small model's weights all fit in cache, and so do the probe's, as in its forward)
-    count = min(PROBE_MATRICES, max(2, PROBE_BYTES // (shape[0] * shape[1] * torch.finfo(dtype).bits // 8)))
-    weights = [torch.randn(*shape, dtype=dtype) for _ in range(count)]
+    weights = [torch.randn(*shape, dtype=dtype) for _ in range(probe_matrices(dtype, shape))]
     packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in weights]
     inputs = [torch.randn(rows, shape[1], dtype=dtype) for rows in (1, PACK_ROWS)]
 

@@ -59,9 +59,14 @@ def dequantize(codes: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: 
 
 def split_halves(codes: torch.Tensor) -> torch.Tensor:
     """codes int32 [N, K] -> uint8 [N, K / 2]: column j holds code j in its low nibble and code j + K/2 in its
-    high one (half the memory of the codes; `torch.cat([h & 15, h >> 4], 1)` gives them back)."""
+    high one (half the memory of the codes; join_halves gives them back)."""
     half = codes.shape[1] // 2
     return (codes[:, :half] | codes[:, half:] << 4).to(torch.uint8).contiguous()
+
+
+def join_halves(halves: torch.Tensor) -> torch.Tensor:
+    """split_halves' inverse: uint8 [N, K / 2] -> codes int32 [N, K]."""
+    return torch.cat([(halves & 15).to(torch.int32), (halves >> 4).to(torch.int32)], dim=1)
 
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:

@@ -161,9 +161,10 @@ def one_row_kernel(model, say=lambda msg: None) -> str:
     return kernel
 
 
-def _probe_one_row(kernel: str, dtype, shape, budget_bytes: int = 64 * 2**20, repeats: int = 5) -> float:
-    count = max(2, min(64, budget_bytes // (shape[0] * shape[1] * torch.finfo(dtype).bits // 8)))
-    weights = [("dense", torch.randn(*shape, dtype=dtype), None, None) for _ in range(count)]
+def _probe_one_row(kernel: str, dtype, shape, repeats: int = 5) -> float:
+    from specview.fastlinear import probe_matrices  # the same streamed set of weights as fastlinear's probe
+
+    weights = [("dense", torch.randn(*shape, dtype=dtype), None, None) for _ in range(probe_matrices(dtype, shape))]
     x = torch.randn(1, shape[1], dtype=dtype)
     product = compiler.compile_fn(fastdecode.linear)
     best = float("inf")

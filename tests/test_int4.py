@@ -194,3 +194,10 @@ def test_error_is_one_line():
     with pytest.raises(SpecviewError) as err:
         check_int4_supported(_llama(), "meta", 32)
     assert "\n" not in str(err.value)
+
+
+def test_split_halves_round_trip():
+    from specview.int4 import join_halves, split_halves
+
+    codes = torch.randint(0, 16, (48, 64), dtype=torch.int32)
+    assert torch.equal(join_halves(split_halves(codes)), codes)

@@ -43,7 +43,8 @@ class ModelDrafter:
             q_rows.append(q)
             ids = token.view(1)
         if not drafts:
-            return Proposal(torch.zeros(0, dtype=torch.long, device=dec.device), torch.zeros(0, dec.vocab), cut=cut)
+            return Proposal(torch.zeros(0, dtype=torch.long, device=dec.device),
+                            torch.zeros(0, dec.vocab, device=dec.device), cut=cut)
         return Proposal(torch.stack(drafts), torch.stack(q_rows), cut=cut)
 
     def rollback(self, cache, keep: int) -> None:
