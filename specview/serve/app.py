@@ -24,10 +24,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -42,8 +44,41 @@ PING_S = 15  # SSE comment lines keep idle streams alive through proxies
 CLIENT_GONE = 499  # nginx's "client closed request": the answer nobody reads, for the access log
 
 
+LOG = logging.getLogger("specview.serve")
+
+
 class ClientGone(Exception):
     """The client disconnected before its answer was ready; its job is cancelled."""
+
+
+class BugsAreAnswers:
+    """A bug in a handler becomes a JSON 500 and the connection stays open for the client's next request.
+
+    Starlette's own catch-all (ServerErrorMiddleware) answers and then re-raises, and uvicorn closes the
+    connection of a request that raised: a client reusing its pooled connection then met a reset, by chance.
+    This sits inside that catch-all and does not re-raise. A stream that broke after its head was sent is the
+    exception: only a closed connection tells its client, so it still raises."""
+
+    def __init__(self, app, answer):
+        self.app, self.answer = app, answer
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as err:
+            if started:
+                raise
+            LOG.exception("a bug answered as 500: %s %s", scope.get("method"), scope.get("path"))
+            await self.answer(err)(scope, receive, send)
 
 
 async def until_disconnected(request: Request) -> None:
@@ -180,7 +215,7 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
     async def http_error(request: Request, err: HTTPException) -> Response:
         return error_response(err.status_code, {"error": err.detail, "field": None}, err.headers)
 
-    async def internal_error(request: Request, err: Exception) -> Response:
+    def internal_error(err: Exception) -> Response:
         # A bug, not the client's fault: still the error shape (not Starlette's plain text); the fuzz tests fail on it
         metrics.rejected.labels("500").inc()
         return error_response(500, {"error": f"internal error: {type(err).__name__}", "field": None})
@@ -193,5 +228,5 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
         Route("/events", events, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={ApiError: api_error, ClientGone: client_gone,
-                                                          HTTPException: http_error, Exception: internal_error})
+    return Starlette(routes=routes, middleware=[Middleware(BugsAreAnswers, answer=internal_error)],
+                     exception_handlers={ApiError: api_error, ClientGone: client_gone, HTTPException: http_error})
