@@ -177,7 +177,11 @@ class FastForward:
         self.layers = [self._gather(layer) for layer in model.model.layers]
         self.final_norm = model.model.norm.weight
         self.lm_head = _weight(model.lm_head)
-        self.fns = _functions(compiled)
+        from specview import compiler
+
+        # "aot": built ahead of time for this model; "dynamo": torch.compile; "eager": these functions as they are
+        self.backend = ("aot" if compiler.aot_enabled() else "dynamo") if compiled else "eager"
+        self.fns = _functions(self.backend)
 
     def _gather(self, layer) -> dict:
         attn, mlp = layer.self_attn, layer.mlp
@@ -291,11 +295,16 @@ _EAGER = _Fns(attn_in, attn_out, head)
 _COMPILED: _Fns | None = None
 
 
-def _functions(compiled: bool) -> _Fns:
-    """The eager functions, or their compiled versions (made once per process, shared by every model)."""
+def _functions(backend: str) -> _Fns:
+    """The eager functions, or their compiled versions: built ahead of time for this model (compiler.py's
+    AotFunction: one signature each), or torch.compile's (made once per process, shared by every model)."""
     global _COMPILED
-    if not compiled:
+    if backend == "eager":
         return _EAGER
+    from specview import compiler
+
+    if backend == "aot":
+        return _Fns(*(compiler.AotFunction(fn) for fn in (attn_in, attn_out, head)))
     if _COMPILED is None:
         from specview import compiler
 

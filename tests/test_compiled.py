@@ -132,6 +132,23 @@ def test_compiled_law_test_has_power(compiled_pair, monkeypatch):
     assert tv(counts, exact) > tv_threshold(exact)
 
 
+@needs_compiler
+def test_ahead_of_time_packages_compute_the_same_and_a_second_model_loads_them(small_llama_pair, monkeypatch):
+    """The default compiled backend (compiler.AotFunction): the one-row functions exported and built once for
+    this model's shapes, then loaded from the package cache by the next runner, with the same numbers."""
+    target, _ = small_llama_pair
+    monkeypatch.setenv("SPECVIEW_AOT", "1")
+    first = fastdecode.FastForward(target.model, compiled=True, gemv="reduce")
+    assert first.backend == "aot"
+    ids = PROMPT + [2]  # a prefill of 4, then three one-row steps: each compiled function runs 3 times
+    got = fast_logits(first, ids, splits=(4, 1, 1, 1))
+    assert torch.allclose(got, hf_logits(target, ids), atol=1e-4)
+    assert all(fn.built.startswith("built in") for fn in (first.fns.attn_in, first.fns.attn_out, first.fns.head))
+    second = fastdecode.FastForward(target.model, compiled=True, gemv="reduce")
+    assert torch.equal(fast_logits(second, ids, splits=(4, 1, 1, 1)), got)
+    assert {fn.built for fn in (second.fns.attn_in, second.fns.attn_out, second.fns.head)} == {"loaded"}
+
+
 def test_compile_on_refuses_a_family_it_does_not_run(small_vocab_pair, monkeypatch):
     gpt2, _ = small_vocab_pair
     monkeypatch.delenv("SPECVIEW_COMPILE")
