@@ -44,11 +44,13 @@ def unavailable_reason() -> str | None:
     compiler = os.environ.get("CXX") or "g++"
     if shutil.which(compiler) is None and shutil.which("c++") is None:
         return f"no C++ compiler ({compiler}) on PATH: inductor builds its CPU kernels with one"
-    try:
-        import torch._inductor  # noqa: F401
+    import importlib.util
+
+    try:  # found, not imported: a warm start loads built packages and never needs inductor's modules
+        found = importlib.util.find_spec("torch._inductor") is not None
     except Exception as err:  # noqa: BLE001 - a broken install means: no compile
-        return f"torch._inductor does not import: {err}"
-    return None
+        return f"torch._inductor cannot be found: {err}"
+    return None if found else "this torch has no inductor (torch._inductor)"
 
 
 def configure() -> None:
