@@ -24,7 +24,8 @@ depends on the machine, so kernels.py probes it. Not a stock module forward, so 
 the profile records the mode, and `--compile off` gives the layernorm phase back.
 
 Supported: LlamaForCausalLM and the models built like it (Mistral, Qwen2; SmolLM2 is a Llama), in
-float32, bfloat16, float16 or with int4 layers (int4.py). Others run transformers' forward.
+float32, bfloat16, float16 or with int4 layers (int4.py); GPT-2 through fastgpt2.py (the same loop with
+GPT-2's layer functions). Others run transformers' forward.
 """
 
 from __future__ import annotations
@@ -164,24 +165,60 @@ class FastForward:
 
     def __init__(self, model, compiled: bool, gemv: str = "mm"):
         self.model_ref = weakref.ref(model)
+        self._read_config(model)
+        self.scale = self.head_dim ** -0.5
+        self.dtype = model.get_input_embeddings().weight.dtype
+        # the attention's dtype: half-precision attention is slow on CPU (module docstring)
+        self.kv_dtype = torch.float32 if self.dtype in (torch.bfloat16, torch.float16) else self.dtype
+        self.gemv, self.compiled = gemv, compiled
+        self._gather_model(model)
+        from specview import compiler
+
+        # "aot": built ahead of time for this model; "dynamo": torch.compile; "eager": these functions as they are
+        self.backend = ("aot" if compiler.aot_enabled() else "dynamo") if compiled else "eager"
+        self.fns = _functions(self.backend, self._eager_functions())
+
+    # ---- what a family defines (Llama here; fastgpt2.py for GPT-2) ----
+
+    def _read_config(self, model) -> None:
         cfg = model.config
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.inter = cfg.intermediate_size
         self.eps = cfg.rms_norm_eps
-        self.scale = self.head_dim ** -0.5
-        self.dtype = model.model.embed_tokens.weight.dtype
-        # the attention's dtype: half-precision attention is slow on CPU (module docstring)
-        self.kv_dtype = torch.float32 if self.dtype in (torch.bfloat16, torch.float16) else self.dtype
-        self.gemv, self.compiled = gemv, compiled
+
+    def _gather_model(self, model) -> None:
         self.layers = [self._gather(layer) for layer in model.model.layers]
         self.final_norm = model.model.norm.weight
         self.lm_head = _weight(model.lm_head)
-        from specview import compiler
 
-        # "aot": built ahead of time for this model; "dynamo": torch.compile; "eager": these functions as they are
-        self.backend = ("aot" if compiler.aot_enabled() else "dynamo") if compiled else "eager"
-        self.fns = _functions(self.backend)
+    def _eager_functions(self) -> _Fns:
+        return _EAGER
+
+    def _embed(self, model, ids: torch.Tensor, start: int):
+        """ids -> (h [rows, hidden], what every layer's attn_in needs besides its weights: the rotary cos, sin)."""
+        rows = ids.numel()
+        h = model.model.embed_tokens(ids)
+        positions = torch.arange(start, start + rows).unsqueeze(0)
+        cos, sin = model.model.rotary_emb(h, positions)
+        return h, (cos.unsqueeze(1), sin.unsqueeze(1))  # [1, 1, rows, d]: broadcast over heads
+
+    def _layer_in(self, fns, h, w, positional, gemv):
+        cos, sin = positional
+        return fns.attn_in(h, w["norm1"], self.eps, w["qkv"], cos, sin, self.heads, self.kv_heads, self.head_dim,
+                           gemv)
+
+    def _layer_out(self, fns, h, attn, w, gemv):
+        return fns.attn_out(h, attn, w["o"], w["norm2"], self.eps, w["gate_up"], w["down"], self.inter, gemv)
+
+    def _head(self, fns, h, gemv):
+        return fns.head(h, self.final_norm, self.eps, self.lm_head, gemv)
+
+    def _named_pieces(self) -> dict:
+        """piece -> ("fused" | "split", weight...) as _fuse gives them; a single matrix is ("fused", w)."""
+        layer = self.layers[0]
+        return {"qkv": layer["qkv"], "o": ("fused", layer["o"]), "gate_up": layer["gate_up"],
+                "down": ("fused", layer["down"]), "head": ("fused", self.lm_head)}
 
     def _gather(self, layer) -> dict:
         attn, mlp = layer.self_attn, layer.mlp
@@ -193,9 +230,7 @@ class FastForward:
 
     def pieces(self) -> dict:
         """What runs each weight matrix (layer 0's stand for every layer's): for --verbose, profiles, report."""
-        layer = self.layers[0]
-        named = {"qkv": layer["qkv"], "o": ("fused", layer["o"]), "gate_up": layer["gate_up"],
-                 "down": ("fused", layer["down"]), "head": ("fused", self.lm_head)}
+        named = self._named_pieces()
         out = {}
         for name, group in named.items():
             w = group[1]
@@ -222,27 +257,23 @@ class FastForward:
         # functions eagerly on the packed weights: oneDNN's kernel cannot sit inside an inductor graph whose
         # weights are arguments, and one-row graphs are where the dispatch overhead weighs most.
         compiled = self.compiled and rows == 1
-        fns, gemv = (self.fns, self.gemv) if compiled else (_EAGER, "packed")
-        h = model.model.embed_tokens(ids)
-        positions = torch.arange(start, start + rows).unsqueeze(0)
-        cos, sin = model.model.rotary_emb(h, positions)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, rows, d]: broadcast over heads
+        fns, gemv = (self.fns, self.gemv) if compiled else (self._eager_functions(), "packed")
+        h, positional = self._embed(model, ids, start)
         end = start + rows
         # Queries see every cached position and the new rows up to their own (a causal block at the end).
         mask = None if rows == 1 else torch.ones(rows, end, dtype=torch.bool).tril(start)
         for i, w in enumerate(self.layers):
-            q, k, v = fns.attn_in(h, w["norm1"], self.eps, w["qkv"], cos, sin, self.heads, self.kv_heads,
-                                  self.head_dim, gemv)
+            q, k, v = self._layer_in(fns, h, w, positional, gemv)
             cache.keys[i][:, :, start:end] = k
             cache.values[i][:, :, start:end] = v
             attn = F.scaled_dot_product_attention(q.to(self.kv_dtype), cache.keys[i][:, :, :end],
                                                   cache.values[i][:, :, :end], attn_mask=mask, scale=self.scale,
                                                   enable_gqa=self.heads != self.kv_heads)
-            h = fns.attn_out(h, attn, w["o"], w["norm2"], self.eps, w["gate_up"], w["down"], self.inter, gemv)
+            h = self._layer_out(fns, h, attn, w, gemv)
         cache.length = end
         if keep:
             h = h[-keep:]
-        return fns.head(h, self.final_norm, self.eps, self.lm_head, gemv)
+        return self._head(fns, h, gemv)
 
 
 def _weight(module):
@@ -292,24 +323,22 @@ class _Fns:
 
 
 _EAGER = _Fns(attn_in, attn_out, head)
-_COMPILED: _Fns | None = None
+_COMPILED: dict = {}  # id of a family's eager functions -> their torch.compile'd versions
 
 
-def _functions(backend: str) -> _Fns:
-    """The eager functions, or their compiled versions: built ahead of time for this model (compiler.py's
+def _functions(backend: str, eager: _Fns) -> _Fns:
+    """A family's eager functions, or their compiled versions: built ahead of time for this model (compiler.py's
     AotFunction: one signature each), or torch.compile's (made once per process, shared by every model)."""
-    global _COMPILED
     if backend == "eager":
-        return _EAGER
+        return eager
     from specview import compiler
 
+    functions = (eager.attn_in, eager.attn_out, eager.head)
     if backend == "aot":
-        return _Fns(*(compiler.AotFunction(fn) for fn in (attn_in, attn_out, head)))
-    if _COMPILED is None:
-        from specview import compiler
-
-        _COMPILED = _Fns(*(compiler.compile_fn(fn) for fn in (attn_in, attn_out, head)))
-    return _COMPILED
+        return _Fns(*(compiler.AotFunction(fn) for fn in functions))
+    if id(eager) not in _COMPILED:
+        _COMPILED[id(eager)] = _Fns(*(compiler.compile_fn(fn) for fn in functions))
+    return _COMPILED[id(eager)]
 
 
 # ---- which models run it ----
@@ -317,10 +346,11 @@ def _functions(backend: str) -> _Fns:
 _runners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> FastForward
 
 
-def install(model, compiled: bool, gemv: str = "mm") -> FastForward:
+def install(model, compiled: bool, gemv: str = "mm", family: type = FastForward) -> FastForward:
+    """Run `model`'s forwards through `family` (FastForward for the Llama family, fastgpt2.GPT2Forward)."""
     runner = _runners.get(model)
-    if runner is None or runner.compiled != compiled or runner.gemv != gemv:
-        runner = _runners[model] = FastForward(model, compiled, gemv)
+    if runner is None or runner.compiled != compiled or runner.gemv != gemv or type(runner) is not family:
+        runner = _runners[model] = family(model, compiled, gemv)
     return runner
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specview import compiler, fastdecode, machine
+from specview import compiler, fastdecode, fastgpt2, machine
 from specview.errors import SpecviewError
 
 MODES = ("auto", "on", "off")
@@ -53,7 +53,7 @@ class ForwardChoice:
 def _key(model, what: str) -> str:
     cfg = model.config
     shape = f"{cfg.model_type} h{cfg.hidden_size} L{cfg.num_hidden_layers} v{cfg.vocab_size}"
-    dtype = str(model.model.embed_tokens.weight.dtype).removeprefix("torch.")
+    dtype = str(model.get_input_embeddings().weight.dtype).removeprefix("torch.")
     int4 = any(type(m).__name__ == "Int4Linear" for m in model.modules())
     backend = "aot" if compiler.aot_enabled() else "dynamo"
     return (f"{machine.host_key()}/torch {torch.__version__}/threads={torch.get_num_threads()}/{what}/{backend}/"
@@ -70,7 +70,8 @@ def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
         return ForwardChoice("eager", "--compile off")
     if mode == "auto" and os.environ.get("SPECVIEW_COMPILE") == "0":  # the test suite's default: see conftest
         return ForwardChoice("eager", "SPECVIEW_COMPILE=0")
-    reason = fastdecode.unsupported_reason(model) or compiler.unavailable_reason()
+    family, reason = _family(model)
+    reason = reason or compiler.unavailable_reason()
     if reason:
         if mode == "on":
             raise SpecviewError(f"--compile on: {lm.spec} cannot run compiled here: {reason} (use --compile auto or off)")
@@ -86,7 +87,7 @@ def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
     else:
         say(f"compiling {lm.spec}'s one-row forward (inductor; cached on disk after the first time)")
     t0 = time.perf_counter()
-    runner = fastdecode.install(model, compiled=True, gemv=gemv)
+    runner = fastdecode.install(model, compiled=True, gemv=gemv, family=family)
     _warm(runner)
     compile_s = time.perf_counter() - t0
     pieces = runner.pieces()
@@ -105,6 +106,16 @@ def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
         fastdecode.uninstall(model)
         return ForwardChoice("eager", why)
     return ForwardChoice("compiled", f"{why}; {how}", pieces, compile_s)
+
+
+def _family(model) -> tuple[type, str | None]:
+    """The fast forward's class for this model's family, and None or why the model cannot run it."""
+    if getattr(model.config, "model_type", None) == "gpt2":
+        return fastgpt2.GPT2Forward, fastgpt2.unsupported_reason(model)
+    reason = fastdecode.unsupported_reason(model)
+    if reason and reason.startswith("model type"):
+        reason = f"{reason} or gpt2"
+    return fastdecode.FastForward, reason
 
 
 def _how_built(runner) -> str:
