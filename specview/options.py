@@ -109,6 +109,8 @@ commands:
   specview report FILE [B]    render a profile, bench or eval file; with two, compare them
   specview eval [OPTIONS]     a prompt set through autoregressive and each drafter, per category
   specview check [OPTIONS]    is this pair's output the target's? (greedy + distribution test)
+  specview calibrate [OPTS]   this machine's cost curve: target ms by rows, draft ms per token
+  specview whatif PROFILE     replay a profile recorded with --record-dists at other K, policies, drafters
   specview serve [OPTIONS]    the engine behind HTTP (POST /generate, SSE streams, /metrics)
   specview --attach URL       the TUI on a running `specview serve`
 

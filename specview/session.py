@@ -64,6 +64,7 @@ class Session:
             "drafter": ",".join(d.spec for d in self.drafters) or None,  # DESIGN "Drafters": the spec
             "forwards": self.forwards,  # per model: compiled or eager, and the kernel of each piece
             "cpu_flags": machine.cpu_flags(),
+            "host": platform.node(),  # with cpu: whose cost curve (machine.profile_cost_key) fits this file
             "prompt_ids": self.prompt_ids,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
