@@ -151,6 +151,10 @@ def build_run_parser() -> Parser:
                         "slows the run; implies --profile)")
     g.add_argument("--py-spy", action="store_true",
                    help="also sample the process with py-spy (speedscope file beside the profile; implies --profile)")
+    g.add_argument("--record-dists", action="store_true",
+                   help="also keep, beside the profile (<stem>.dists.json.gz), the target's and each drafter's "
+                        "distribution along the emitted text, for `specview whatif` (one forward per model after "
+                        "the run; implies --profile)")
     g.add_argument("--quiet", "-q", action="store_true", help="no token stream, only the summary")
     return p
 
