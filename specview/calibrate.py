@@ -32,26 +32,6 @@ SCHEMA = "specview.calibrate/1"
 MIN_K = 8  # rows measured: 1 .. 2 max(K, 8) + 1
 
 
-def build_calibrate_parser():
-    import argparse
-
-    from specview.options import EPILOG, Parser, add_run_options, number_type
-
-    p = Parser(prog="specview calibrate",
-               description="Measure this machine's cost curve: the target's forward time by rows (1 to 2K+1) and "
-                           "each drafter's time per drafted token, fitted and kept per machine; diagnosis, "
-                           "report, bench and whatif then predict with it.",
-               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    add_run_options(p)
-    g = p.add_argument_group("calibrate")
-    g.add_argument("--repeats", default=9, type=number_type(int, "--repeats", lambda v: v >= 1, ">= 1"),
-                   help="timed rounds, interleaving every row count (default 9; lower quartiles)")
-    g.add_argument("--max-rows", default=None, type=number_type(int, "--max-rows", lambda v: v >= 2, ">= 2"),
-                   help="rows up to this (default 2 max(K, 8) + 1)")
-    g.add_argument("--no-plot", action="store_true", help="no terminal plot")
-    return p
-
-
 def measure_target(session: Session, rows: list[int], repeats: int) -> dict[int, float]:
     """Target forward ms (lower quartile of the rounds) for each row count, at the prompt's position; rounds interleave the counts
     so a shared machine's drift hits them all alike."""

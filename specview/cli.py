@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return check_command(args)
         if command == "calibrate":
-            from specview.calibrate import build_calibrate_parser
+            from specview.options import build_calibrate_parser
 
             args = build_calibrate_parser().parse_args(argv[1:])
             from specview.calibrate import calibrate_command

@@ -178,3 +178,19 @@ def build_check_parser() -> Parser:
                    help="the distribution test fails when its p-value is below this (default 0.001: a correct "
                         "engine fails 1 check in 1000)")
     return p
+
+
+def build_calibrate_parser():
+    p = Parser(prog="specview calibrate",
+               description="Measure this machine's cost curve: the target's forward time by rows (1 to 2K+1) and "
+                           "each drafter's time per drafted token, fitted and kept per machine; diagnosis, "
+                           "report, bench and whatif then predict with it.",
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    add_run_options(p)
+    g = p.add_argument_group("calibrate")
+    g.add_argument("--repeats", default=9, type=number_type(int, "--repeats", lambda v: v >= 1, ">= 1"),
+                   help="timed rounds, interleaving every row count (default 9; lower quartiles)")
+    g.add_argument("--max-rows", default=None, type=number_type(int, "--max-rows", lambda v: v >= 2, ">= 2"),
+                   help="rows up to this (default 2 max(K, 8) + 1)")
+    g.add_argument("--no-plot", action="store_true", help="no terminal plot")
+    return p

@@ -124,7 +124,7 @@ def run_command(args) -> int:
         if not args.quiet:
             console.print(_legend(method))
         summaries: list[RunSummary] = []
-        recorded: list[tuple[int, list[int], list[int]]] = []  # (run, prompt, generated) for --record-dists
+        recorded: list[tuple] = []  # (run, prompt, generated, its steps) for --record-dists
         finished = False  # False in `finally`: an exception (a second Ctrl-C, a crash) cut the runs short
         try:
             for _ in range(args.num_runs):
@@ -144,7 +144,8 @@ def run_command(args) -> int:
                         console.print(_colour(step, method), end="")
                 if not run.done:
                     run.summary.stop_reason = "interrupted"
-                recorded.append((run.summary.run, list(session.prompt_ids), list(run.generated)))
+                recorded.append((run.summary.run, list(session.prompt_ids), list(run.generated),
+                                 [r for r in recorder.steps if r.get("run") == run.summary.run] if recorder else None))
                 run.summary.text = session.target.tokenizer.decode(run.generated)
                 if not args.quiet:
                     console.print()

@@ -62,6 +62,8 @@ class Track:
         if self.kind == "model":
             argmax = d.get("argmax") or [ids[0] for ids in d["top_ids"]]
             self.matches = [a == t for a, t in zip(argmax, self.tokens)]
+            if greedy and d.get("verdicts"):  # where the recorded run tested a position, its verdict
+                self.matches = [m if v is None else bool(v) for m, v in zip(self.matches, d["verdicts"])]
             self.probs = [float(m) for m in self.matches] if greedy else [float(x) for x in d["overlap"]]
             self.top_q = [float(ps[0]) for ps in d["top_probs"]]
         else:

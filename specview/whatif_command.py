@@ -19,7 +19,6 @@ ORACLE_K = 16  # the oracle's K: "unlimited" within what a lookup block records
 
 
 def build_whatif_parser():
-    import argparse
 
     from specview.options import Parser
 

@@ -16,9 +16,9 @@ import random
 
 import pytest
 import torch
+
 import tiny
 from helpers import run_cli
-
 from specview import machine
 from specview.drafters.model import ModelDrafter
 from specview.drafters.ngram import NgramDrafter

@@ -67,8 +67,24 @@ def stepwise(dec, drafter, state, prompt_ids: list[int], generated: list[int]) -
     return probs_from_logits(torch.stack(rows), dec.sampling)
 
 
-def run_dists(session, prompt_ids: list[int], generated: list[int]) -> dict:
-    """One run's record: the target's and every drafter's distributions along its tokens."""
+def verdicts(steps: list[dict], prompt_len: int, n: int) -> list:
+    """Per emitted position, the run's own greedy verdict on its drafter's token there: 1 accepted, 0
+    rejected, None not drafted with every earlier draft of its step accepted (off the emitted text)."""
+    out: list = [None] * n
+    for s in steps:
+        t = (s.get("position") or 0) - prompt_len
+        drafted, accepted = len(s.get("drafted") or []), s.get("accepted") or 0
+        for i in range(min(drafted, accepted + 1)):
+            if 0 <= t + i < n:
+                out[t + i] = int(i < accepted)
+    return out
+
+
+def run_dists(session, prompt_ids: list[int], generated: list[int], steps: list[dict] | None = None) -> dict:
+    """One run's record: the target's and every drafter's distributions along its tokens. With the run's
+    steps (greedy), its own drafter also keeps the run's verdicts: a drafter's argmax can depend on how its
+    cache was fed (one token, or two after a block accepted whole), so where the run tested a position its
+    verdict is the engine's fact, and the replay of the run's own setting gives the run again."""
     dec = session.decoder("autoregressive")
     from specview.kvcache import new_cache
 
@@ -82,6 +98,8 @@ def run_dists(session, prompt_ids: list[int], generated: list[int]) -> dict:
             q = q[:, : p.shape[-1]] if q.shape[-1] >= p.shape[-1] else torch.nn.functional.pad(q, (0, p.shape[-1] - q.shape[-1]))
             out["drafters"][d.spec] = {"kind": "model", **_top(q), "argmax": q.argmax(dim=-1).tolist(),
                                        "overlap": [round(x, DIGITS) for x in torch.minimum(p, q).sum(-1).tolist()]}
+            if steps and d is session.drafters[0] and session.settings.sampling.greedy:
+                out["drafters"][d.spec]["verdicts"] = verdicts(steps, len(prompt_ids), len(generated))
         else:
             out["drafters"][d.spec] = {"kind": "lookup", **lookup_blocks(session, d, prompt_ids, generated, p)}
     return out
@@ -102,16 +120,16 @@ def lookup_blocks(session, drafter, prompt_ids: list[int], generated: list[int],
     return {"blocks": blocks, "block_p": block_p}
 
 
-def record_dists(session, runs: list[tuple[int, list[int], list[int]]], path: str, profile_name: str) -> dict:
-    """Write `path` (gzip'd JSON, atomically) for runs [(run index, prompt ids, generated ids)] -> its header
-    (size and tokens) for the profile's meta."""
+def record_dists(session, runs: list[tuple], path: str, profile_name: str) -> dict:
+    """Write `path` (gzip'd JSON, atomically) for runs [(run index, prompt ids, generated ids, step records
+    of the run or None)] -> its header (size and tokens) for the profile's meta."""
     s = session.settings
     doc = {"schema": DISTS_SCHEMA, "profile": profile_name, "top": TOP, "lookup_max": LOOKUP_MAX,
            "target": s.target, "drafters": [d.spec for d in session.drafters], "k": s.k,
            "max_new_tokens": s.max_new_tokens, "greedy": s.sampling.greedy,
            "sampling": {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p},
-           "runs": [{"run": index, **run_dists(session, prompt, generated)}
-                    for index, prompt, generated in runs if generated]}
+           "runs": [{"run": index, **run_dists(session, prompt, generated, steps)}
+                    for index, prompt, generated, steps in runs if generated]}
     with atomic_path(path, ".gz") as tmp:
         with gzip.open(tmp, "wt", encoding="utf-8") as f:
             json.dump(doc, f, separators=(",", ":"), allow_nan=False)
