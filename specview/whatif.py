@@ -197,7 +197,7 @@ def replay_track(track: Track, k: int, policy: str, costs: StepCosts | None, max
     oracle = policy == ORACLE
     n_tokens = track.n
     cap = max_new_tokens if max_new_tokens else n_tokens
-    start = make_policy("fixed" if oracle else policy)
+    start = make_policy("fixed" if oracle else policy, costs.curve if costs else None, out.drafter)
     stateful = type(start).observe is not Policy.observe
     # frontier[t] = {state key: [mass, policy object]}
     frontier: dict[int, dict] = {0: {_state_key(start): [1.0, start]}}

@@ -142,6 +142,17 @@ def test_fit_recovers_a_synthetic_curve_and_predictions_use_it():
     assert best_k(CostModel(20.0, 8.0, None, 0.4, 1.2, None, 4, steep), 0.95, rows)[0] < best_k(flat, 0.95, rows)[0]
 
 
+def test_goodput_prices_on_the_curve_from_the_first_step():
+    from specview.policies import make_policy
+
+    cheap = fit_cost_curve([1, 2, 3, 9], [10.0, 10.5, 11.0, 14.0], {"d": 0.5})
+    costly = fit_cost_curve([1, 2, 3, 9], [10.0, 20.0, 30.0, 90.0], {"d": 9.0})
+    assert make_policy("goodput").budget(6) == 6  # no curve: drafts K until it has measured
+    assert make_policy("goodput", cheap, "d").budget(6) >= 1  # the Laplace prior (1/2 per position) alone
+    assert make_policy("goodput", costly, "d").budget(6) == 0
+    assert make_policy("goodput", costly, "other").budget(6) == 6  # the curve does not price this drafter
+
+
 def test_the_curve_is_kept_per_machine():
     key = machine.cost_key("t", 1, torch.__version__, "eager")
     curve = fit_cost_curve([1, 2, 3], [1.0, 2.0, 3.0])
