@@ -117,8 +117,8 @@ class Goodput(Policy):
         time(b) = b * draft_ms + verify_ms(b + 1)    (draft ms per token; verify ms by rows, interpolated)
 
     and the budget with the most E(b) / time(b). Until it has seen drafts it drafts K (it has to measure),
-    unless this machine's cost curve prices both forwards: then verify_ms(rows) is the curve's and draft_ms
-    the drafter's measured cost per token, from the first step."""
+    and acceptance. With this machine's cost curve verify_ms(rows) is the curve's and draft_ms the drafter's
+    measured cost per token: no running medians, so the choice is the same on a busy and a quiet moment."""
 
     PRIOR = (1.0, 1.0)  # Laplace: one accept and one reject per position before any evidence
 
@@ -133,8 +133,8 @@ class Goodput(Policy):
 
     def budget(self, k: int) -> int:
         on_curve = self.curve_draft_ms is not None
-        if not on_curve and (not self.draft_ms or not self.verify_ms):
-            return k
+        if not self.tried or (not on_curve and (not self.draft_ms or not self.verify_ms)):
+            return k  # no acceptance seen yet (or no costs): draft K to measure
         draft = self.curve_draft_ms if on_curve else sorted(self.draft_ms)[len(self.draft_ms) // 2]
         best, best_rate = k, -1.0
         for b in range(0, k + 1):

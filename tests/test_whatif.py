@@ -142,15 +142,24 @@ def test_fit_recovers_a_synthetic_curve_and_predictions_use_it():
     assert best_k(CostModel(20.0, 8.0, None, 0.4, 1.2, None, 4, steep), 0.95, rows)[0] < best_k(flat, 0.95, rows)[0]
 
 
-def test_goodput_prices_on_the_curve_from_the_first_step():
+def test_goodput_prices_on_the_curve():
+    from types import SimpleNamespace
+
     from specview.policies import make_policy
 
     cheap = fit_cost_curve([1, 2, 3, 9], [10.0, 10.5, 11.0, 14.0], {"d": 0.5})
     costly = fit_cost_curve([1, 2, 3, 9], [10.0, 20.0, 30.0, 90.0], {"d": 9.0})
-    assert make_policy("goodput").budget(6) == 6  # no curve: drafts K until it has measured
-    assert make_policy("goodput", cheap, "d").budget(6) >= 1  # the Laplace prior (1/2 per position) alone
-    assert make_policy("goodput", costly, "d").budget(6) == 0
-    assert make_policy("goodput", costly, "other").budget(6) == 6  # the curve does not price this drafter
+    seen = SimpleNamespace(drafted=[1, 2], accepted=1, rejected_at=1, phases_ms={})  # acceptance, no timings
+
+    def after_one_step(*args):
+        policy = make_policy("goodput", *args)
+        assert policy.budget(6) == 6  # no acceptance seen yet: drafts K to measure
+        policy.observe(seen)
+        return policy.budget(6)
+
+    assert after_one_step(cheap, "d") >= 1
+    assert after_one_step(costly, "d") == 0
+    assert after_one_step() == 6 and after_one_step(costly, "other") == 6  # no costs for this drafter: K
 
 
 def test_the_curve_is_kept_per_machine():
