@@ -158,7 +158,7 @@ def write_plot_files(curve: CostCurve, json_path: str, title: str) -> list[str]:
 
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.subplots()
-    ax.plot(curve.rows, curve.ms, "o", label="measured (median)")
+    ax.plot(curve.rows, curve.ms, "o", label="measured (lower quartile of the rounds)")
     ax.plot(curve.rows, [curve.target_ms(r) for r in curve.rows], "-", label="curve: one row as measured, "
             f"{curve.intercept_ms:.1f} + {curve.slope_ms:.2f} x rows")
     if curve.floor_ms:

@@ -170,7 +170,7 @@ class CostCurve:
     and fits overhead + slope x rows to the several-row times (least squares, rows >= 2)."""
 
     rows: tuple[int, ...]  # rows fed, 1 .. 2K + 1
-    ms: tuple[float, ...]  # median target forward time at each
+    ms: tuple[float, ...]  # target forward time at each (lower quartile of the rounds)
     intercept_ms: float  # fit over rows >= 2: the fixed part of a several-row forward
     slope_ms: float  # ... and the time each further row adds
     draft_ms: dict = field(default_factory=dict)  # drafter spec -> ms per drafted token
