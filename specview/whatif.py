@@ -34,6 +34,7 @@ from specview.metrics import CostCurve, fit_cost_curve, ratio
 from specview.policies import Policy, make_policy, parse_policy
 
 DISTS_SCHEMA = "specview.dists/1"
+ORACLE_K = 16  # the oracle's K: "unlimited" within what a lookup block records
 ORACLE = "oracle"  # greedy: drafts exactly the run the draft matches (at most K), nothing wasted; sampling: fixed K
 
 
@@ -333,3 +334,39 @@ def step_costs(profile: dict, drafter: str, curve: CostCurve | None) -> StepCost
     # One figure per step: a slope in the drafts, fitted to a run whose steps nearly all drafted K, was
     # extrapolated to other K with the wrong sign (measured); sampling per draft is inside draft_ms already.
     return StepCosts(curve, draft_ms, sum(outside) / len(outside) if outside else 0.0, 0.0, source)
+
+
+def whatif_document(profile: dict, dists: dict, ks: list[int], policies: list[str], drafters: list[str]) -> dict:
+    """`specview.whatif/1`: per drafter, per policy and K the replayed figures, and the oracle, on this
+    machine's cost curve when the profile was measured here. Each drafter's `_objects` (the Replay
+    objects, for tables) is dropped by `plain()` before the document is written or sent."""
+    from specview import machine
+
+    meta = profile.get("meta") or {}
+    curve = machine.cached_curve(machine.profile_cost_key(meta))
+    out = {"schema": "specview.whatif/1", "profile": meta.get("files", {}).get("profile"), "greedy": dists.get("greedy"),
+           "cpu": meta.get("cpu"), "threads": meta.get("threads"), "tokens": sum(len(r["tokens"]) for r in dists["runs"]),
+           "cost_curve": curve.to_json() if curve else None, "recorded": recorded(profile), "drafters": {}}
+    for spec in drafters:
+        costs = step_costs(profile, spec, curve)
+        rows = [replay(dists, spec, k, policy, costs) for policy in policies for k in ks]
+        oracle = replay(dists, spec, ORACLE_K, ORACLE, costs)
+        out["drafters"][spec] = {"costs": costs.source if costs else None,
+                                 "draft_ms_per_token": costs.draft_ms if costs else None,
+                                 "replays": [r.to_json() for r in rows], "oracle": oracle.to_json(),
+                                 "_objects": rows + [oracle]}
+    return out
+
+
+def recorded(profile: dict) -> dict:
+    """What the profile's own run measured, to set the replay of its setting against."""
+    s, meta = profile.get("summary") or {}, profile.get("meta") or {}
+    cfg = meta.get("config") or {}
+    return {"drafter": (meta.get("drafter") or "").split(",")[0] or None, "k": meta.get("k"),
+            "policy": cfg.get("draft_policy", "fixed"), "tokens_per_step": s.get("mean_emitted_per_step"),
+            "acceptance_rate": s.get("acceptance_rate"), "steps": s.get("steps")}
+
+
+def plain(doc: dict) -> dict:
+    """The document without the Replay objects (JSON)."""
+    return {**doc, "drafters": {s: {k: v for k, v in e.items() if k != "_objects"} for s, e in doc["drafters"].items()}}

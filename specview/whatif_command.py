@@ -8,14 +8,12 @@ import os
 from rich.console import Console
 from rich.table import Table
 
-from specview import machine
 from specview.documents import load as load_document
 from specview.errors import SpecviewError
 from specview.events import fmt
-from specview.whatif import ORACLE, Replay, load_dists, replay, step_costs
+from specview.whatif import ORACLE, Replay, load_dists, plain, whatif_document
 
 DEFAULT_KS = (1, 2, 3, 4, 6, 8)
-ORACLE_K = 16  # the oracle's K: "unlimited" within what a lookup block records
 
 
 def build_whatif_parser():
@@ -63,33 +61,6 @@ def parse_ks(text: str | None, profile_k) -> list[int]:
     if not ks or ks[0] < 1 or ks[-1] > 64:
         raise SpecviewError(f"-K {text!r}: each K between 1 and 64")
     return ks
-
-
-def whatif(profile: dict, dists: dict, ks: list[int], policies: list[str], drafters: list[str]) -> dict:
-    """The document: per drafter, per policy and K the replayed figures, and the oracle."""
-    meta = profile.get("meta") or {}
-    curve = machine.cached_curve(machine.profile_cost_key(meta))
-    out = {"schema": "specview.whatif/1", "profile": meta.get("files", {}).get("profile"), "greedy": dists.get("greedy"),
-           "cpu": meta.get("cpu"), "threads": meta.get("threads"), "tokens": sum(len(r["tokens"]) for r in dists["runs"]),
-           "cost_curve": curve.to_json() if curve else None, "recorded": recorded(profile), "drafters": {}}
-    for spec in drafters:
-        costs = step_costs(profile, spec, curve)
-        rows = [replay(dists, spec, k, policy, costs) for policy in policies for k in ks]
-        oracle = replay(dists, spec, ORACLE_K, ORACLE, costs)
-        out["drafters"][spec] = {"costs": costs.source if costs else None,
-                                 "draft_ms_per_token": costs.draft_ms if costs else None,
-                                 "replays": [r.to_json() for r in rows], "oracle": oracle.to_json(),
-                                 "_objects": rows + [oracle]}
-    return out
-
-
-def recorded(profile: dict) -> dict:
-    """What the profile's own run measured, to set the replay of its setting against."""
-    s, meta = profile.get("summary") or {}, profile.get("meta") or {}
-    cfg = meta.get("config") or {}
-    return {"drafter": (meta.get("drafter") or "").split(",")[0] or None, "k": meta.get("k"),
-            "policy": cfg.get("draft_policy", "fixed"), "tokens_per_step": s.get("mean_emitted_per_step"),
-            "acceptance_rate": s.get("acceptance_rate"), "steps": s.get("steps")}
 
 
 def table(spec: str, entry: dict) -> Table:
@@ -153,7 +124,7 @@ def whatif_command(args) -> int:
     for d in drafters:
         if d not in recorded_specs:
             raise SpecviewError(f"--drafter {d}: not recorded in {dists_path} (recorded: {', '.join(recorded_specs)})")
-    doc = whatif(profile, dists, ks, policies, drafters)
+    doc = whatif_document(profile, dists, ks, policies, drafters)
     console = Console(highlight=False)
     if not console.is_terminal:
         console.width = max(console.width, 120)  # a pipe defaults to 80 columns: keep the headers whole
@@ -169,7 +140,6 @@ def whatif_command(args) -> int:
     if not args.no_plot:
         console.print(terminal_plot(doc, ks, console.is_terminal))
     if args.json:
-        clean = {**doc, "drafters": {s: {k: v for k, v in e.items() if k != "_objects"} for s, e in doc["drafters"].items()}}
-        write_json_atomic(args.json, clean, indent=1)
+        write_json_atomic(args.json, plain(doc), indent=1)
         Console(stderr=True).print(f"written: {args.json}", soft_wrap=True)
     return 0

@@ -263,3 +263,49 @@ def test_whatif_and_calibrate_commands(recorded, agreeing_pair, tmp_path, capsys
     assert machine.cached_curve(written["key"]) is not None
     with gzip.open(recorded[: -len(".json")] + ".dists.json.gz", "rt") as f:
         assert json.load(f)["schema"] == "specview.dists/1"
+
+
+@pytest.mark.asyncio
+async def test_the_tui_w_key_shows_this_run_replayed(agreeing_pair, tmp_path):
+    from specview.backend.in_process import EngineBackend
+    from specview.settings import Settings
+    from specview.tui.app import SpecviewApp
+    from specview.tui.widgets.whatif_screen import WhatIfScreen, whatif_view
+
+    settings = Settings(target=agreeing_pair[0], draft=f"{agreeing_pair[1]},ngram", prompt="w1 w2 w3", max_new_tokens=20,
+                        k=3, temperature=0.0, ignore_eos=True, profile_dir=str(tmp_path))
+    app = SpecviewApp(EngineBackend(settings))
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(100):
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            if app.loaded:
+                break
+        await pilot.press("w")  # before a step: a notice, no screen
+        await pilot.pause()
+        assert not isinstance(app.screen, WhatIfScreen)
+        for _ in range(3):
+            await pilot.press("space")
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+        await pilot.press("w")
+        for _ in range(50):
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            if isinstance(app.screen, WhatIfScreen):
+                break
+        assert isinstance(app.screen, WhatIfScreen)
+        figures = app.screen.figures
+        assert set(figures["drafters"]) == {agreeing_pair[1], "ngram"}
+        own = next(r for r in figures["drafters"][agreeing_pair[1]]["replays"] if r["k"] == 3 and r["policy"] == "fixed")
+        steps = app.backend.run.summary.steps
+        assert own["steps"] == steps  # greedy: the replay of the run's own setting is the run
+        from rich.console import Console
+
+        console = Console(width=120, record=True)
+        console.print(whatif_view(figures))
+        text = console.export_text()
+        assert "tok/step" in text and "oracle" in text
+        assert own["speedup"] is not None  # the run's own drafter: costs from the run's own times
+        await pilot.press("escape")
+        assert not isinstance(app.screen, WhatIfScreen)
