@@ -91,8 +91,9 @@ def profile_cost_key(meta: dict) -> str | None:
     was measured on another machine: its curve is not this machine's to give."""
     if meta.get("cpu") != cpu_summary() or meta.get("host", platform.node()) != platform.node():
         return None
-    mode = ((meta.get("forwards") or {}).get(meta.get("target")) or {}).get("mode")
-    return cost_key(str(meta.get("target")), meta.get("threads"), (meta.get("versions") or {}).get("torch"), mode)
+    target = meta.get("target") or (meta.get("config") or {}).get("target")  # a bench file's meta: in config
+    mode = ((meta.get("forwards") or {}).get(target) or {}).get("mode")
+    return cost_key(str(target), meta.get("threads"), (meta.get("versions") or {}).get("torch"), mode)
 
 
 def cached_curve(key: str | None):

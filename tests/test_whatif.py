@@ -170,6 +170,8 @@ def test_the_curve_is_kept_per_machine():
             "forwards": {"t": {"mode": "eager"}}}
     assert machine.cached_curve(machine.profile_cost_key(meta)) == curve
     assert machine.profile_cost_key({**meta, "cpu": "another CPU (avx2)"}) is None
+    bench_meta = {k: v for k, v in meta.items() if k != "target"} | {"config": {"target": "t"}}  # bench: in config
+    assert machine.cached_curve(machine.profile_cost_key(bench_meta)) == curve
     assert machine.cached_curve(machine.profile_cost_key({**meta, "threads": 2})) is None
 
 
