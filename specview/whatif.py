@@ -95,12 +95,11 @@ class Track:
 
 @dataclass
 class StepCosts:
-    """ms of a step drafting n tokens: n draft_ms + target_ms(n + 1) + overhead_ms + overhead_per_draft_ms n."""
+    """ms of a step drafting n tokens: n draft_ms + target_ms(n + 1) + overhead_ms."""
 
     curve: CostCurve
     draft_ms: float | None  # per drafted token; None: unknown for this drafter (no speedup then)
     overhead_ms: float = 0.0  # per step, outside the two forwards (sampling, cache, bookkeeping)
-    overhead_per_draft_ms: float = 0.0
     source: str = ""
 
     def step_ms(self, n: int) -> float | None:
@@ -109,7 +108,8 @@ class StepCosts:
         return n * self.draft_ms + self.curve.target_ms(n + 1) + self.overhead(n)
 
     def overhead(self, n: int) -> float:
-        return max(0.0, self.overhead_ms + self.overhead_per_draft_ms * n)
+        """Per step, whatever it drafts (sampling each draft is inside draft_ms)."""
+        return self.overhead_ms
 
 
 @dataclass
@@ -333,7 +333,7 @@ def step_costs(profile: dict, drafter: str, curve: CostCurve | None) -> StepCost
                    - (s["phases_ms"].get("verify") or 0.0)) for s in steps]
     # One figure per step: a slope in the drafts, fitted to a run whose steps nearly all drafted K, was
     # extrapolated to other K with the wrong sign (measured); sampling per draft is inside draft_ms already.
-    return StepCosts(curve, draft_ms, sum(outside) / len(outside) if outside else 0.0, 0.0, source)
+    return StepCosts(curve, draft_ms, sum(outside) / len(outside) if outside else 0.0, source)
 
 
 def whatif_document(profile: dict, dists: dict, ks: list[int], policies: list[str], drafters: list[str]) -> dict:

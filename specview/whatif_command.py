@@ -91,7 +91,7 @@ def positions_table(spec: str, r: Replay) -> Table:
     return t
 
 
-def terminal_plot(doc: dict, ks: list[int], color: bool, width: int = 90, height: int = 16):
+def terminal_plot(doc: dict, color: bool, width: int = 90, height: int = 16):
     import plotext as plt
     from rich.text import Text
 
@@ -138,7 +138,7 @@ def whatif_command(args) -> int:
         if own is not None:
             console.print(positions_table(spec, own))
     if not args.no_plot:
-        console.print(terminal_plot(doc, ks, console.is_terminal))
+        console.print(terminal_plot(doc, console.is_terminal))
     if args.json:
         write_json_atomic(args.json, plain(doc), indent=1)
         Console(stderr=True).print(f"written: {args.json}", soft_wrap=True)
