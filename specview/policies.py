@@ -31,6 +31,8 @@ def parse_policy(text: str) -> str:
     spec = text.strip()
     if spec in ("fixed", "heuristic", "goodput"):
         return spec
+    if "," in spec:
+        raise SpecviewError(f"--draft-policy {text}: one policy here (a comma-separated list is for bench and eval)")
     name, _, value = spec.partition("=")
     if name in ("p-min", "pmin", "p_min"):
         try:
@@ -41,6 +43,24 @@ def parse_policy(text: str) -> str:
             raise SpecviewError(f"--draft-policy {text}: p-min needs a cut-off between 0 and 1, e.g. p-min=0.6")
         return f"p-min={cut:g}"
     raise SpecviewError(f"--draft-policy {text!r}: use fixed, p-min=X (0 < X < 1), heuristic or goodput")
+
+
+def parse_policies(text: str) -> list[str]:
+    """`--draft-policy a,b,c` (bench and eval): each spec canonical, in order, none twice. No spec contains a
+    comma (p-min's cut-off is a decimal point: p-min=0.6), so the list splits on commas."""
+    parts = [part.strip() for part in text.split(",")]
+    if not text.strip() or any(not part for part in parts):
+        raise SpecviewError(f"--draft-policy {text}: give one policy or a comma-separated list like fixed,goodput")
+    specs = [parse_policy(part) for part in parts]
+    twice = next((spec for i, spec in enumerate(specs) if spec in specs[:i]), None)
+    if twice is not None:
+        raise SpecviewError(f"--draft-policy {text}: {twice} is given twice")
+    return specs
+
+
+def first_policy(text: str) -> str:
+    """The policy a single decoder runs when a list was given (bench and eval's Settings hold the list)."""
+    return parse_policies(text)[0]
 
 
 def make_policy(spec: str) -> Policy:
