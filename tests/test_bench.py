@@ -283,7 +283,7 @@ def test_bench_times_a_list_of_policies_side_by_side(capsys, models, tmp_path):
     assert doc["config"]["draft_policy"] == "fixed,p-min=0.5,goodput"
     spec = doc["config"]["draft"]
     assert list(doc["policies"]) == ["fixed", "p-min=0.5", "goodput"]
-    for policy, by_spec in doc["policies"].items():
+    for by_spec in doc["policies"].values():
         d = by_spec[spec]
         assert d["k"] == 3 and len(d["drafted_length_histogram"]) == 4
         runs = doc["methods"][d["method"]]["runs"]
