@@ -101,12 +101,42 @@ def test_heuristic_grows_after_a_whole_block_and_shrinks_otherwise():
 def test_goodput_drafts_more_when_drafts_are_cheap_and_accepted_and_none_when_not():
     cheap = Goodput("goodput")
     assert cheap.budget(6) == 6  # nothing measured yet: draft K to measure
+    cheap.observe(_step(6, 6, draft_ms=0.5, verify_ms=10.0))
+    assert cheap.budget(6) == 3  # one row count measured: measure another, for the verify line
     for _ in range(20):
         cheap.observe(_step(6, 6, draft_ms=0.5, verify_ms=10.0))
+        cheap.observe(_step(3, 3, draft_ms=0.5, verify_ms=9.0))
     assert cheap.budget(6) == 6
     costly = Goodput("goodput")
     for _ in range(20):
         costly.observe(_step(3, 0, draft_ms=8.0, verify_ms=10.0))
         costly.observe(_step(0, 0, verify_ms=9.0))
     assert costly.budget(6) == 0
+
+
+def test_goodput_judges_undrafted_positions_by_the_pooled_acceptance():
+    """Positions it never drafted are not stuck at a prior of 1/2 (which kept it short for ever): with every
+    draft accepted and drafts cheap against a verify row, it goes past the depths it has seen."""
+    policy = Goodput("goodput")
+    for _ in range(30):
+        policy.observe(_step(2, 2, draft_ms=1.0, verify_ms=20.0))
+        policy.observe(_step(1, 1, draft_ms=1.0, verify_ms=19.0))
+    assert policy.figures().acceptance(8)[7] > 0.9
+    assert policy.budget(8) == 8
+
+
+def test_goodput_keeps_its_figures_across_the_decoders_runs(loaded_pair):
+    """The costs and acceptance are the machine's and the pair's, not one run's: a decoder's later runs
+    start from what its earlier ones measured (per drafter), where a fresh decoder starts over."""
+    target, draft = loaded_pair
+    decoder = Decoder(target, draft, SamplingConfig(temperature=0), k=4, ignore_eos=True, policy="goodput")
+    list(decoder.generate([1, 5, 9], 12))
+    memory = decoder.policy_memory
+    [figures] = memory.values()
+    seen = len(figures.verify)
+    assert seen > 0
+    list(decoder.generate([1, 5, 9], 12))
+    assert len(figures.verify) > seen and list(decoder.policy_memory.values()) == [figures]
+    shared = make_policy("goodput", memory)
+    assert shared.figures(next(iter(memory))) is figures
     assert make_policy("goodput").spec == "goodput"
