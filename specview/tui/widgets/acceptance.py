@@ -44,6 +44,9 @@ class AcceptancePanel(StatsPanel):
             out.append("".join(SPARKS[round((r or 0) * (len(SPARKS) - 1))] if n else "·" for r, n, _ in positions),
                        style="green")
             out.append(" " + " ".join(fmt(r, "{:.0%}", "-") for r, _, _ in positions) + "\n")
+            if skipped:  # per position, the steps that asked for it and did not draft it: not rejections
+                out.append("∅ not drafted ", style="dim")
+                out.append(" ".join(str(u) for _, _, u in positions) + "\n", style="yellow")
         else:
             out.append("by pos  no steps yet\n", style="dim")
         out.append("tok/step ", style="dim")
@@ -70,10 +73,10 @@ def policy_line(st) -> Text:
     """The draft-length policy at work: tokens drafted per step, and why steps stopped drafting."""
     out = Text()
     out.append(f"{st.policy} ", style="bold")
-    out.append("drafted ", style="dim")
-    out.append(f"{fmt(st.mean_k)}/step", style="")
+    out.append(f"{fmt(st.mean_k)}", style="")
+    out.append("/step", style="dim")
     total = sum(st.stops.values())
     if total:
-        out.append("  stops ", style="dim")
+        out.append(" stop ", style="dim")
         out.append(" ".join(f"{STOPS.get(why, why)} {n / total:.0%}" for why, n in st.stops.items()))
     return out
