@@ -76,6 +76,9 @@ def damage(doc: dict) -> str | None:
     drafters = config.get("drafters")
     if not isinstance(drafters, list) or not all(isinstance(d, str) for d in drafters):
         return "config.drafters is not a list of drafter specs"
+    policies = config.get("policies")  # absent in files from before --draft-policy took a list
+    if policies is not None and not (isinstance(policies, list) and policies and all(isinstance(p, str) for p in policies)):
+        return "config.policies is not a list of draft-length policies"
     for i, p in enumerate(doc["prompts"]):
         if not isinstance(p, dict) or not isinstance(p.get("id"), str) or not isinstance(p.get("category"), str):
             return f"prompts[{i}] has no string id and category"
