@@ -143,6 +143,7 @@ class GoodputFigures:
     DECAY = 0.95  # weight of a step's acceptance evidence one step later (~20 steps of memory)
     WINDOW = 64  # timings kept (draft ms per token, verify ms by rows, the step's other ms)
     SHRINK = 2.0  # steps' worth of pooled acceptance each position starts from
+    PROBE = 4  # after this many steps in a row with a budget of 0, draft one token: evidence keeps coming
 
     def __init__(self):
         self.tried: list[float] = []  # per position: (decayed) steps that drafted it with every earlier one accepted
@@ -150,6 +151,7 @@ class GoodputFigures:
         self.draft_ms: deque[float] = deque(maxlen=self.WINDOW)  # per drafted token
         self.verify: deque[tuple[int, float]] = deque(maxlen=self.WINDOW)  # (rows, ms)
         self.other_ms: deque[float] = deque(maxlen=self.WINDOW)  # sample + cache + other: the step outside the forwards
+        self.idle = 0  # steps in a row it chose to draft nothing
 
     def acceptance(self, n: int) -> list[float]:
         """P(accept i | accepted 1..i-1) for i = 1..n: each position's own counts, shrunk towards the
@@ -206,7 +208,8 @@ class Goodput(Policy):
         time(b) = other + b * draft_ms + verify(b + 1)   (medians; verify a line in rows fitted to its medians)
 
     and the budget with the most E(b) / time(b). Until it has timings it drafts K; until it has verify times
-    at two row counts it drafts K and then K/2 (it has to measure the line)."""
+    at two row counts it drafts K and then K/2 (it has to measure the line); after PROBE steps in a row of
+    drafting nothing it drafts one token (a probe)."""
 
     def __init__(self, spec: str, memory: dict | None = None):
         super().__init__(spec)
@@ -240,6 +243,12 @@ class Goodput(Policy):
             rate = expected / cost
             if rate > best_rate:
                 best, best_rate = b, rate
+        # A budget of 0 learns nothing about acceptance: without a probe now and then, a drafter judged bad on
+        # one stretch (n-gram lookup on prose) would stay unused where it turns good (a passage to copy).
+        f.idle = f.idle + 1 if best == 0 else 0
+        if best == 0 and k and f.idle > f.PROBE:
+            f.idle = 0
+            return 1
         return best
 
     def observe(self, step, key=None) -> None:

@@ -4,6 +4,7 @@ again (one rendering for both), and two evals compared (`specview report A.json 
 from __future__ import annotations
 
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -57,11 +58,14 @@ def category_table(doc: dict) -> Table:
     for d in drafters:
         s = summary[d]
         rows = list((s.get("by_category") or {}).items()) + [("all", s.get("overall") or {})]
+        spec, policy = s.get("drafter"), s.get("policy")
+        # `spec [policy]` is too wide for the column: the spec on the first row, the policy under it
+        names = [spec, f"[{policy}]"] if isinstance(spec, str) and d != spec else [d]
         for i, (cat, m) in enumerate(rows):
             base = (ar.get("overall") if cat == "all" else (ar.get("by_category") or {}).get(cat)) or {}
             failures = m.get("same_tokens_failures")
             same = "n/a" if failures is None else "yes" if not failures else f"no: {len(failures)}"
-            table.add_row(d if i == 0 else "", cat, str(m.get("prompts", "")), fmt(m.get("acceptance_rate"), "{:.0%}"),
+            table.add_row(Text(names[i]) if i < len(names) else "", cat, str(m.get("prompts", "")), fmt(m.get("acceptance_rate"), "{:.0%}"),
                           fmt(m.get("alpha"), "{:.2f}"), fmt(m.get("mean_accepted_tokens")),
                           fmt(m.get("tokens_per_s"), "{:.1f}"), fmt(base.get("tokens_per_s"), "{:.1f}"),
                           fmt(m.get("speedup_mean_of_prompts"), SPEEDUP), fmt(m.get("speedup_total_time"), SPEEDUP),
@@ -85,7 +89,7 @@ def positions_table(doc: dict) -> Table:
         m = summary[d].get("overall") or {}
         hist = m.get("accepted_length_histogram") or []
         total = sum(hist)
-        table.add_row(d, fmt(m.get("drafted_per_step")), fmt(m.get("cost_ratio"), "{:.3f}"), fmt(m.get("verify_cost_ratio")),
+        table.add_row(Text(d), fmt(m.get("drafted_per_step")), fmt(m.get("cost_ratio"), "{:.3f}"), fmt(m.get("verify_cost_ratio")),
                       _row(m.get("per_position_acceptance")), _row(m.get("conditional_position_acceptance")),
                       _row([ratio(n, total) for n in hist]))
     return table
@@ -118,7 +122,7 @@ def compare_evals(a: tuple[str, dict], b: tuple[str, dict]) -> Group:
     table = Table(title="by category: τ / speedup (mean of prompts)", title_justify="left")
     table.add_column("category")
     for side, d, _ in columns:
-        table.add_column(f"{side}: {d}", justify="right")
+        table.add_column(escape(f"{side}: {d}"), justify="right")
     categories: list[str] = []
     for _, d, doc in columns:
         categories += [c for c in doc["summary"][d].get("by_category") or {} if c not in categories]
@@ -133,7 +137,7 @@ def compare_evals(a: tuple[str, dict], b: tuple[str, dict]) -> Group:
     overall = Table(title="every prompt", title_justify="left")
     overall.add_column("")
     for side, d, _ in columns:
-        overall.add_column(f"{side}: {d}", justify="right")
+        overall.add_column(escape(f"{side}: {d}"), justify="right")
     for label, key, spec in (("acceptance rate", "acceptance_rate", "{:.1%}"), ("alpha", "alpha", "{:.3f}"),
                              ("τ", "mean_accepted_tokens", "{:.2f}"), ("tokens/s", "tokens_per_s", "{:.1f}"),
                              ("speedup, mean of prompts", "speedup_mean_of_prompts", SPEEDUP),
