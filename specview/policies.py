@@ -143,7 +143,7 @@ class GoodputFigures:
     DECAY = 0.95  # weight of a step's acceptance evidence one step later (~20 steps of memory)
     WINDOW = 64  # timings kept (draft ms per token, verify ms by rows, the step's other ms)
     SHRINK = 2.0  # steps' worth of pooled acceptance each position starts from
-    PROBE = 4  # after this many steps in a row with a budget of 0, draft one token: evidence keeps coming
+    PROBE = 4  # after this many steps in a row with a budget of 0, probe: evidence keeps coming
 
     def __init__(self):
         self.tried: list[float] = []  # per position: (decayed) steps that drafted it with every earlier one accepted
@@ -209,7 +209,7 @@ class Goodput(Policy):
 
     and the budget with the most E(b) / time(b). Until it has timings it drafts K; until it has verify times
     at two row counts it drafts K and then K/2 (it has to measure the line); after PROBE steps in a row of
-    drafting nothing it drafts one token (a probe)."""
+    drafting nothing it probes: as many tokens as a step of at most twice the cost of none allows."""
 
     def __init__(self, spec: str, memory: dict | None = None):
         super().__init__(spec)
@@ -233,22 +233,24 @@ class Goodput(Policy):
         best, best_rate = k, -1.0
         expected, chain = 1.0, 1.0
         rates = f.acceptance(k)
+        costs = [other + b * draft + a + slope * (b + 1) for b in range(k + 1)]
         for b in range(0, k + 1):
             if b:
                 chain *= rates[b - 1]
                 expected += chain
-            cost = other + b * draft + a + slope * (b + 1)
-            if cost <= 0:  # no timings (a timer that records nothing): nothing to choose by
+            if costs[b] <= 0:  # no timings (a timer that records nothing): nothing to choose by
                 return k
-            rate = expected / cost
+            rate = expected / costs[b]
             if rate > best_rate:
                 best, best_rate = b, rate
         # A budget of 0 learns nothing about acceptance: without a probe now and then, a drafter judged bad on
-        # one stretch (n-gram lookup on prose) would stay unused where it turns good (a passage to copy).
+        # one stretch (n-gram lookup on prose) would stay unused where it turns good (a passage to copy). The
+        # probe drafts as deep as one step of at most twice the cost of drafting nothing allows (n-gram lookup:
+        # K; a costly draft: one token), so the depths it would need are measured too.
         f.idle = f.idle + 1 if best == 0 else 0
         if best == 0 and k and f.idle > f.PROBE:
             f.idle = 0
-            return 1
+            return max([b for b in range(1, k + 1) if costs[b] <= 2 * costs[0]], default=1)
         return best
 
     def observe(self, step, key=None) -> None:

@@ -112,7 +112,13 @@ def test_goodput_drafts_more_when_drafts_are_cheap_and_accepted_and_none_when_no
         costly.observe(_step(3, 0, draft_ms=8.0, verify_ms=10.0))
         costly.observe(_step(0, 0, verify_ms=9.0))
     assert [costly.budget(6) for _ in range(2 * (GoodputFigures.PROBE + 1))] == \
-        ([0] * GoodputFigures.PROBE + [1]) * 2  # drafting nothing, with a probe of one token now and then
+        ([0] * GoodputFigures.PROBE + [1]) * 2  # drafting nothing, with a probe now and then: one costly token
+    free = Goodput("goodput")  # n-gram lookup on prose: drafts cost nothing, and are rejected
+    for _ in range(20):
+        free.observe(_step(6, 0, draft_ms=0.0, verify_ms=12.0))
+        free.observe(_step(0, 0, verify_ms=9.0))
+    probes = [free.budget(6) for _ in range(GoodputFigures.PROBE + 1)]
+    assert probes == [0] * GoodputFigures.PROBE + [6]  # its probe is as deep as the cost allows: the depths get measured
 
 
 def test_goodput_judges_undrafted_positions_by_the_pooled_acceptance():
