@@ -47,7 +47,9 @@ def test_every_policy_keeps_the_target_law(small_vocab_pair, policy, cfg_name):
     if policy.startswith("p-min"):
         assert any(why == "p-min" for _, why, _ in steps) and max(drafted) > 0, "p-min must both cut and draft"
     else:
-        assert len(drafted - {0}) >= 1 and sum(n for n, _, _ in steps) > SAMPLES
+        # (goodput learns across the decoder's runs that drafting is often not worth it on this pair: it
+        # still drafts thousands of tokens, with rejections, so the law is tested under its choices)
+        assert len(drafted - {0}) >= 1 and sum(n for n, _, _ in steps) > SAMPLES // 2
     assert tv(counts, exact) < tv_threshold(exact), f"{policy}, {cfg_name}: output is not the target's law"
 
 
