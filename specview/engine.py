@@ -62,6 +62,8 @@ class Decoder:
         self.timer = timer or PhaseTimer(self.device)
         self.eos_ids = set() if ignore_eos else eos_token_ids(target)
         self.runs = 0
+        # What a policy learns (goodput: costs and acceptance per drafter), kept across this decoder's runs.
+        self.policy_memory: dict = {}
 
     @property
     def drafter(self):
@@ -161,8 +163,9 @@ class Run:
         self.stop_reason: str | None = None
         self.target_cache = new_cache(decoder.target)
         self.states: dict[int, object] = {}  # id(drafter) -> its state (a KV cache), made on first use
-        # its state (a budget, running figures) is this run's
-        self.policy = make_policy(decoder.policy, decoder.cost_curve, getattr(decoder.drafter, "spec", None))
+        # Its state (heuristic's budget) is this run's; what goodput measures is the decoder's, across runs.
+        self.policy = make_policy(decoder.policy, decoder.policy_memory, decoder.cost_curve,
+                                  getattr(decoder.drafter, "spec", None))
         self._prefilled = False  # the first step() prefills, so start() is instant and interruptible
 
     @property
@@ -180,6 +183,10 @@ class Run:
             self.states[key] = drafter.new_state()
         return self.states[key]
 
+    def _drafter_key(self):
+        """The drafter a policy's figures are kept for (the TUI's `d` switches between steps)."""
+        return getattr(self.dec.drafter, "spec", None) or id(self.dec.drafter)
+
     def _prefill(self) -> None:
         """Fill the caches with the prompt but its last token (the first step feeds that one)."""
         t0 = time.perf_counter()
@@ -194,7 +201,7 @@ class Run:
     def block_size(self) -> int:
         """Drafts this step: the policy's budget out of K, but none past N (the last token comes from the
         target) or the context."""
-        k = self.policy.budget(self.k) if self.dec.drafter is not None else 0
+        k = self.policy.budget(self.k, self._drafter_key()) if self.dec.drafter is not None else 0
         k = min(k, self.max_new_tokens - len(self.generated) - 1)
         if self.dec.context_len:
             k = min(k, self.dec.context_len - len(self.tokens) - 1)
@@ -232,7 +239,9 @@ class Run:
         if drafter is not None:
             result.policy = self.policy.spec
             result.stopped_by = stopped_by(k, proposal)
-        self.policy.observe(result)
+            result.budget = k
+            result.cut_q = proposal.cut_q if proposal is not None else None
+        self.policy.observe(result, self._drafter_key())
         self.summary.add(result)
         return result
 

@@ -40,6 +40,8 @@ class StepResult:
     position: int = 0  # tokens before this step (prompt + generated): the KV cache its forwards read
     policy: str | None = None  # the draft-length policy (policies.py) of a speculative step
     stopped_by: str | None = None  # why drafting stopped: "budget", "p-min" or "no-proposal"
+    budget: int | None = None  # tokens this step could draft: the policy's budget out of k, capped by N and the context
+    cut_q: float | None = None  # p-min: the top probability of the draft distribution it refused (not drafted)
     timing: object = field(default=None, repr=False, compare=False)  # timing.StepTiming; not in the JSON
 
     def origins(self) -> list[str]:
@@ -54,9 +56,9 @@ class StepResult:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "timing"}
         if d["drafter"] is None:
             del d["drafter"]  # only sessions with several drafters name it per step
-        for name in ("policy", "stopped_by"):
+        for name in ("policy", "stopped_by", "budget", "cut_q"):
             if d[name] is None:
-                del d[name]  # autoregressive steps have neither
+                del d[name]  # autoregressive steps have none of them; cut_q only a p-min cut
         d["type"] = "step"
         return nonfinite_to_none(d)  # (it builds new lists and dicts: the record shares nothing with the step)
 

@@ -45,6 +45,30 @@ def policy_type(text: str) -> str:
 policy_type.__name__ = "--draft-policy"
 
 
+def policies_type(text: str) -> str:
+    """bench's and eval's --draft-policy: one policy or a comma-separated list, kept as its canonical string
+    (Settings.draft_policy; policies.parse_policies splits it again)."""
+    from specview.errors import SpecviewError
+    from specview.policies import parse_policies
+
+    try:
+        return ",".join(parse_policies(text))
+    except SpecviewError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix(f"--draft-policy {text}: ")) from None
+
+
+policies_type.__name__ = "--draft-policy"
+
+
+def allow_policy_list(p: argparse.ArgumentParser, command: str) -> None:
+    """bench and eval time several policies side by side: --draft-policy takes a list there."""
+    for action in p._actions:
+        if action.dest == "draft_policy":
+            action.type = policies_type
+            action.metavar = "POLICY[,POLICY..]"
+            action.help += f"; a comma-separated list like fixed,p-min=0.6,goodput: {command} runs each side by side"
+
+
 def add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     # --target_model_name / --approx_model_name / --input / -v: the flags of the seed project

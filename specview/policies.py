@@ -6,8 +6,8 @@
     heuristic      transformers' schedule: the budget grows by 2 after a block accepted whole, shrinks by 1
                    otherwise (between 1 and K)
     goodput        each step, the budget that maximizes predicted tokens per second: expected tokens from
-                   the run's own conditional acceptance per position, over the run's measured draft cost per
-                   token and verify cost by rows
+                   the running conditional acceptance per position, over the measured draft cost per token and
+                   verify cost by rows (kept by the decoder across its runs, per drafter)
 
 A policy only decides how many tokens are drafted. Which of them are accepted, the residual and the bonus
 are the engine's, unchanged, and the decision to stop uses only the draft's own distribution and the
@@ -21,6 +21,9 @@ nothing). Positions past the budget were not drafted: they are not counted as re
 
 from __future__ import annotations
 
+from collections import deque
+from statistics import median
+
 from specview.errors import SpecviewError
 
 NAMES = ("fixed", "p-min=X", "heuristic", "goodput")
@@ -31,6 +34,8 @@ def parse_policy(text: str) -> str:
     spec = text.strip()
     if spec in ("fixed", "heuristic", "goodput"):
         return spec
+    if "," in spec:
+        raise SpecviewError(f"--draft-policy {text}: one policy here (a comma-separated list is for bench and eval)")
     name, _, value = spec.partition("=")
     if name in ("p-min", "pmin", "p_min"):
         try:
@@ -43,16 +48,35 @@ def parse_policy(text: str) -> str:
     raise SpecviewError(f"--draft-policy {text!r}: use fixed, p-min=X (0 < X < 1), heuristic or goodput")
 
 
-def make_policy(spec: str, curve=None, drafter: str | None = None) -> Policy:
-    """`curve` (metrics.CostCurve, this machine's: `specview calibrate`) and the drafter's spec let goodput
-    price a budget from the start on measured costs instead of the run's running medians."""
+def parse_policies(text: str) -> list[str]:
+    """`--draft-policy a,b,c` (bench and eval): each spec canonical, in order, none twice. No spec contains a
+    comma (p-min's cut-off is a decimal point: p-min=0.6), so the list splits on commas."""
+    parts = [part.strip() for part in text.split(",")]
+    if not text.strip() or any(not part for part in parts):
+        raise SpecviewError(f"--draft-policy {text}: give one policy or a comma-separated list like fixed,goodput")
+    specs = [parse_policy(part) for part in parts]
+    twice = next((spec for i, spec in enumerate(specs) if spec in specs[:i]), None)
+    if twice is not None:
+        raise SpecviewError(f"--draft-policy {text}: {twice} is given twice")
+    return specs
+
+
+def first_policy(text: str) -> str:
+    """The policy a single decoder runs when a list was given (bench and eval's Settings hold the list)."""
+    return parse_policies(text)[0]
+
+
+def make_policy(spec: str, memory: dict | None = None, curve=None, drafter: str | None = None) -> Policy:
+    """A run's policy. `memory`: what the decoder keeps across its runs for the policies that learn from
+    measurements (goodput's costs and acceptance, per drafter). `curve` (metrics.CostCurve, this machine's:
+    `specview calibrate`) and the drafter's spec let goodput price a budget on measured costs from the start."""
     spec = parse_policy(spec)
     if spec == "fixed":
         return Policy(spec)
     if spec == "heuristic":
         return Heuristic(spec)
     if spec == "goodput":
-        return Goodput(spec, curve, drafter)
+        return Goodput(spec, memory, curve, drafter)
     return PMin(spec, float(spec.partition("=")[2]))
 
 
@@ -63,7 +87,8 @@ class Policy:
     def __init__(self, spec: str):
         self.spec = spec
 
-    def budget(self, k: int) -> int:
+    def budget(self, k: int, key=None) -> int:
+        """Tokens to draft this step, at most k; `key` names the drafter (goodput's figures are per drafter)."""
         return k
 
     def keep_drafting(self, top_q: float) -> bool:
@@ -74,7 +99,7 @@ class Policy:
         """Does keep_drafting look at the draft's top probability? (It costs a read of it per token.)"""
         return False
 
-    def observe(self, step) -> None:
+    def observe(self, step, key=None) -> None:
         pass
 
 
@@ -99,76 +124,63 @@ class Heuristic(Policy):
         super().__init__(spec)
         self.current: int | None = None
 
-    def budget(self, k: int) -> int:
+    def budget(self, k: int, key=None) -> int:
         self.current = k if self.current is None else max(1, min(self.current, k))
         return self.current
 
-    def observe(self, step) -> None:
+    def observe(self, step, key=None) -> None:
         if self.current is None or not step.drafted:
             return
         whole = step.accepted == len(step.drafted) and step.rejected_at is None
         self.current = self.current + 2 if whole else self.current - 1
 
 
-class Goodput(Policy):
-    """Tokens per second predicted for each budget b in 0..K from this run's own figures:
+class GoodputFigures:
+    """What goodput has measured for one drafter on one decoder, kept across the decoder's runs: a run of
+    48 tokens is a dozen steps, too few to learn a cost curve in, and the costs belong to the machine and
+    the models, not to the run. Recent steps weigh more (acceptance decays by DECAY a step, timings are the
+    last WINDOW), so a new prompt is learnt within a few dozen steps."""
 
-        E(b) = 1 + sum_{j=1..b} prod_{i<=j} a_i      (a_i: P(accept i | accepted i-1), Laplace-smoothed)
-        time(b) = b * draft_ms + verify_ms(b + 1)    (draft ms per token; verify ms by rows, interpolated)
+    DECAY = 0.95  # weight of a step's acceptance evidence one step later (~20 steps of memory)
+    WINDOW = 64  # timings kept (draft ms per token, verify ms by rows, the step's other ms)
+    SHRINK = 2.0  # steps' worth of pooled acceptance each position starts from
+    PROBE = 4  # after this many steps in a row with a budget of 0, probe: evidence keeps coming
 
-    and the budget with the most E(b) / time(b). Until it has seen drafts it drafts K (it has to measure),
-    and acceptance. With this machine's cost curve verify_ms(rows) is the curve's and draft_ms the drafter's
-    measured cost per token: no running medians, so the choice is the same on a busy and a quiet moment."""
+    def __init__(self):
+        self.tried: list[float] = []  # per position: (decayed) steps that drafted it with every earlier one accepted
+        self.passed: list[float] = []
+        self.draft_ms: deque[float] = deque(maxlen=self.WINDOW)  # per drafted token
+        self.verify: deque[tuple[int, float]] = deque(maxlen=self.WINDOW)  # (rows, ms)
+        self.other_ms: deque[float] = deque(maxlen=self.WINDOW)  # sample + cache + other: the step outside the forwards
+        self.idle = 0  # steps in a row it chose to draft nothing
 
-    PRIOR = (1.0, 1.0)  # Laplace: one accept and one reject per position before any evidence
+    def acceptance(self, n: int) -> list[float]:
+        """P(accept i | accepted 1..i-1) for i = 1..n: each position's own counts, shrunk towards the
+        pooled rate of every position (Laplace-smoothed), so a position seldom or never drafted is judged
+        by the draft's acceptance elsewhere, not by a prior of 1/2 that would keep it undrafted for ever."""
+        pooled = (sum(self.passed) + 1.0) / (sum(self.tried) + 2.0)
+        out = []
+        for i in range(n):
+            tried = self.tried[i] if i < len(self.tried) else 0.0
+            passed = self.passed[i] if i < len(self.passed) else 0.0
+            out.append((passed + self.SHRINK * pooled) / (tried + self.SHRINK))
+        return out
 
-    def __init__(self, spec: str, curve=None, drafter: str | None = None):
-        super().__init__(spec)
-        self.curve = curve
-        self.curve_draft_ms = curve.draft_ms.get(drafter) if curve is not None and drafter else None
-        self.tried: list[int] = []  # per position: steps that drafted it with every earlier one accepted
-        self.passed: list[int] = []
-        self.draft_ms: list[float] = []  # per drafted token
-        self.verify_ms: dict[int, list[float]] = {}  # rows -> verify times
-
-    def budget(self, k: int) -> int:
-        on_curve = self.curve_draft_ms is not None
-        if not self.tried or (not on_curve and (not self.draft_ms or not self.verify_ms)):
-            return k  # no acceptance seen yet (or no costs): draft K to measure
-        draft = self.curve_draft_ms if on_curve else sorted(self.draft_ms)[len(self.draft_ms) // 2]
-        best, best_rate = k, -1.0
-        for b in range(0, k + 1):
-            expected, chain = 1.0, 1.0
-            for i in range(b):
-                tried = self.tried[i] if i < len(self.tried) else 0
-                passed = self.passed[i] if i < len(self.passed) else 0
-                chain *= (passed + self.PRIOR[0]) / (tried + sum(self.PRIOR))
-                expected += chain
-            cost = b * draft + self._verify(b + 1)
-            if cost <= 0:  # no timings (a timer that records nothing): nothing to choose by
-                return k
-            rate = expected / cost
-            if rate > best_rate:
-                best, best_rate = b, rate
-        return best
-
-    def _verify(self, rows: int) -> float:
-        """The curve's verify ms at `rows`; without one the median measured at `rows`, else linear in rows
-        between (or beyond) the nearest measured ones."""
-        if self.curve_draft_ms is not None:
-            return self.curve.target_ms(rows)
-        medians = {r: sorted(t)[len(t) // 2] for r, t in self.verify_ms.items()}
-        if rows in medians:
-            return medians[rows]
-        known = sorted(medians)
-        if len(known) == 1:
-            return medians[known[0]]
-        lo = max([r for r in known if r < rows], default=known[0])
-        hi = min([r for r in known if r > rows], default=known[-1])
-        if lo == hi:
-            lo, hi = known[-2], known[-1]
-        slope = (medians[hi] - medians[lo]) / (hi - lo)
-        return max(0.0, medians[lo] + slope * (rows - lo))
+    def verify_line(self) -> tuple[float, float] | None:
+        """verify ms = a + slope * rows, fitted (least squares) to the median at each row count measured,
+        weighted by its count; None until two row counts are measured."""
+        by_rows: dict[int, list[float]] = {}
+        for rows, ms in self.verify:
+            by_rows.setdefault(rows, []).append(ms)
+        if len(by_rows) < 2:
+            return None
+        points = [(rows, median(ms), len(ms)) for rows, ms in by_rows.items()]
+        w = sum(n for _, _, n in points)
+        mx = sum(x * n for x, _, n in points) / w
+        my = sum(y * n for _, y, n in points) / w
+        sxx = sum(n * (x - mx) ** 2 for x, _, n in points)
+        slope = max(0.0, sum(n * (x - mx) * (y - my) for x, y, n in points) / sxx)
+        return max(0.0, my - slope * mx), slope
 
     def observe(self, step) -> None:
         n = len(step.drafted)
@@ -176,11 +188,83 @@ class Goodput(Policy):
         if n and phases.get("draft") is not None:
             self.draft_ms.append(phases["draft"] / n)
         if phases.get("verify") is not None:
-            self.verify_ms.setdefault(n + 1, []).append(phases["verify"])
+            self.verify.append((n + 1, phases["verify"]))
+            self.other_ms.append(sum(phases.get(name) or 0.0 for name in ("sample", "cache", "other")))
+        self.tried = [t * self.DECAY for t in self.tried]
+        self.passed = [a * self.DECAY for a in self.passed]
         examined = n if step.rejected_at is None else step.rejected_at + 1
         for i in range(examined):
             while len(self.tried) <= i:
-                self.tried.append(0)
-                self.passed.append(0)
+                self.tried.append(0.0)
+                self.passed.append(0.0)
             self.tried[i] += 1
             self.passed[i] += i < step.accepted
+
+
+class Goodput(Policy):
+    """Tokens per second predicted for each budget b in 0..K from what this decoder measured (GoodputFigures,
+    per drafter, across its runs):
+
+        E(b) = 1 + sum_{j=1..b} prod_{i<=j} a_i      (a_i: P(accept i | accepted i-1), shrunk to the pooled rate)
+        time(b) = other + b * draft_ms + verify(b + 1)   (medians; verify a line in rows fitted to its medians)
+
+    and the budget with the most E(b) / time(b). Until it has timings it drafts K; until it has verify times
+    at two row counts it drafts K and then K/2 (it has to measure the line); after PROBE steps in a row of
+    drafting nothing it probes: as many tokens as a step of at most twice the cost of none allows. With this
+    machine's cost curve (`specview calibrate`) verify(rows) is the curve's and draft_ms the drafter's
+    measured cost per token, from the first step."""
+
+    def __init__(self, spec: str, memory: dict | None = None, curve=None, drafter: str | None = None):
+        super().__init__(spec)
+        self.memory = {} if memory is None else memory  # drafter key -> GoodputFigures (the decoder's)
+        # With this machine's cost curve: verify ms by rows from the curve, draft ms the drafter's measured cost
+        # per token; the same choice on a busy and a quiet moment, and no K-then-K/2 measuring steps.
+        self.curve = curve
+        self.curve_draft_ms = curve.draft_ms.get(drafter) if curve is not None and drafter else None
+
+    def figures(self, key=None) -> GoodputFigures:
+        if key not in self.memory:
+            self.memory[key] = GoodputFigures()
+        return self.memory[key]
+
+    def budget(self, k: int, key=None) -> int:
+        f = self.figures(key)
+        if self.curve_draft_ms is not None:
+            if not f.tried:
+                return k  # the costs are known, the acceptance not yet: draft K
+            other = median(f.other_ms) if f.other_ms else 0.0
+            costs = [other + b * self.curve_draft_ms + self.curve.target_ms(b + 1) for b in range(k + 1)]
+        else:
+            if not f.verify:
+                return k  # nothing measured yet: draft K
+            line = f.verify_line()
+            if line is None:  # one row count measured: measure another (K/2, or none at K = 1)
+                return k // 2 if f.verify[0][0] == k + 1 else k
+            draft = median(f.draft_ms) if f.draft_ms else 0.0
+            other = median(f.other_ms) if f.other_ms else 0.0
+            a, slope = line
+            costs = [other + b * draft + a + slope * (b + 1) for b in range(k + 1)]
+        best, best_rate = k, -1.0
+        expected, chain = 1.0, 1.0
+        rates = f.acceptance(k)
+        for b in range(0, k + 1):
+            if b:
+                chain *= rates[b - 1]
+                expected += chain
+            if costs[b] <= 0:  # no timings (a timer that records nothing): nothing to choose by
+                return k
+            rate = expected / costs[b]
+            if rate > best_rate:
+                best, best_rate = b, rate
+        # A budget of 0 learns nothing about acceptance: without a probe now and then, a drafter judged bad on
+        # one stretch (n-gram lookup on prose) would stay unused where it turns good (a passage to copy). The
+        # probe drafts as deep as one step of at most twice the cost of drafting nothing allows (n-gram lookup:
+        # K; a costly draft: one token), so the depths it would need are measured too.
+        f.idle = f.idle + 1 if best == 0 else 0
+        if best == 0 and k and f.idle > f.PROBE:
+            f.idle = 0
+            return max([b for b in range(1, k + 1) if costs[b] <= 2 * costs[0]], default=1)
+        return best
+
+    def observe(self, step, key=None) -> None:
+        self.figures(key).observe(step)

@@ -17,6 +17,7 @@ from specview.drafters.specs import split_specs
 from specview.engine import Decoder
 from specview.errors import SpecviewError
 from specview.models import LoadedModel, check_same_vocab, load_model, resolve_device
+from specview.policies import first_policy
 from specview.settings import Settings
 from specview.text import text_problem
 from specview.timing import PhaseTimer
@@ -38,15 +39,18 @@ class Session:
         """The first draft model among the drafters (None: n-gram lookup only, or the target alone)."""
         return next((d.lm for d in self.drafters if getattr(d, "lm", None) is not None), None)
 
-    def decoder(self, method: str = "speculative", timer: PhaseTimer | None = None, drafter=None) -> Decoder:
+    def decoder(self, method: str = "speculative", timer: PhaseTimer | None = None, drafter=None,
+                policy: str | None = None) -> Decoder:
         """A Decoder for `method`: speculative with `drafter` (default: the first), autoregressive (the
-        target alone) or draft_autoregressive (the first drafter's model alone)."""
+        target alone) or draft_autoregressive (the first drafter's model alone); `policy` (default: the first
+        of --draft-policy, which bench and eval take as a list) chooses how many of K to draft."""
         s = self.settings
         drafter = (drafter or (self.drafters[0] if self.drafters else None)) if method == "speculative" else None
         target = self.draft if method == "draft_autoregressive" else self.target
         return Decoder(target, drafter, s.sampling, k=s.k, seed=s.seed,
-                       timer=timer or PhaseTimer(self.device), ignore_eos=s.ignore_eos, policy=s.draft_policy,
-                       cost_curve=self.cost_curve() if s.draft_policy == "goodput" else None)
+                       timer=timer or PhaseTimer(self.device), ignore_eos=s.ignore_eos,
+                       policy=policy or first_policy(s.draft_policy),
+                       cost_curve=self.cost_curve() if "goodput" in s.draft_policy else None)
 
     def cost_curve(self):
         """This machine's cost curve for the target (`specview calibrate`), or None."""

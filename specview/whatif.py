@@ -187,8 +187,9 @@ def _state_key(policy) -> object:
     """Policies in the same state from the same position behave the same: their mass is merged."""
     if hasattr(policy, "current"):  # heuristic: its budget
         return policy.current
-    if hasattr(policy, "tried"):  # goodput: everything it has seen
-        return (tuple(policy.tried), tuple(policy.passed), len(policy.draft_ms))
+    if hasattr(policy, "figures"):  # goodput: everything it has seen (policies.GoodputFigures)
+        f = policy.figures()
+        return (tuple(f.tried), tuple(f.passed), len(f.draft_ms), len(f.verify), f.idle)
     return None
 
 
@@ -198,7 +199,7 @@ def replay_track(track: Track, k: int, policy: str, costs: StepCosts | None, max
     oracle = policy == ORACLE
     n_tokens = track.n
     cap = max_new_tokens if max_new_tokens else n_tokens
-    start = make_policy("fixed" if oracle else policy, costs.curve if costs else None, out.drafter)
+    start = make_policy("fixed" if oracle else policy, None, costs.curve if costs else None, out.drafter)
     stateful = type(start).observe is not Policy.observe
     # frontier[t] = {state key: [mass, policy object]}
     frontier: dict[int, dict] = {0: {_state_key(start): [1.0, start]}}

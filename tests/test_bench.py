@@ -264,3 +264,46 @@ def test_hf_method_keeps_prompt_out_of_the_output(gpt2_paths):
     session = _session(gpt2_paths, max_new_tokens=5, ignore_eos=True)
     record = HFMethod(session, assisted=False, stop=Stop()).run()
     assert record.tokens == 5 and record.to_json()["tokens"] == 5
+
+
+def test_bench_times_a_list_of_policies_side_by_side(capsys, models, tmp_path):
+    """--draft-policy a,b,c: each policy is a method of its own (the first keeps `speculative` and is the one
+    swept, the others run at the main K, their maximum), every one greedy-equal to autoregressive, and the
+    file and table put them side by side, against the best fixed K of the sweep."""
+    out_json = tmp_path / "bench.json"
+    code, out, err = run_cli(capsys, "bench", *models, "-N", "12", "-K", "3", "--num-runs", "1", "--temperature",
+                             "0", "--sweep-k", "1,3", "--draft-policy", "fixed, p-min=0.5,goodput",
+                             "--json", str(out_json), "--no-profile")
+    assert code == 0, err
+    doc = json.loads(out_json.read_text())
+    variants = ["speculative", "speculative[p-min=0.5]", "speculative[goodput]"]
+    assert list(doc["methods"]) == ["autoregressive", *variants, "draft_autoregressive"]
+    assert [doc["methods"][v]["policy"] for v in variants] == ["fixed", "p-min=0.5", "goodput"]
+    assert all(doc["same_tokens"][v]["same"] for v in variants)  # lossless: the target's greedy tokens
+    assert doc["config"]["draft_policy"] == "fixed,p-min=0.5,goodput"
+    spec = doc["config"]["draft"]
+    assert list(doc["policies"]) == ["fixed", "p-min=0.5", "goodput"]
+    for by_spec in doc["policies"].values():
+        d = by_spec[spec]
+        assert d["k"] == 3 and len(d["drafted_length_histogram"]) == 4
+        runs = doc["methods"][d["method"]]["runs"]
+        assert sum(d["drafted_length_histogram"]) == sum(r["steps"] for r in runs)
+        assert sum(d["stopped_by"].values()) == sum(r["steps"] for r in runs)
+        assert set(d["stopped_by"]) <= {"budget", "p-min", "no-proposal"}
+        # positions a policy did not draft are not counted: per-position figures only over drafted ones
+        assert len(d["per_position_acceptance"]) <= 3
+    assert doc["policies"]["fixed"][spec]["stopped_by"].get("p-min") is None
+    assert doc["policies"]["fixed"][spec]["acceptance_rate"] == doc["acceptance_rate"]  # the top level: the first
+    assert [e["k"] for e in doc["sweep"]] == [1, 3]  # only the first policy is swept
+    assert "draft-length policies side by side" in out and "vs best fixed K" in out and "goodput" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["bench", "--draft-policy", "fixed,,goodput"], "comma-separated list"),
+    (["bench", "--draft-policy", "goodput,goodput"], "goodput is given twice"),
+    (["bench", "--draft-policy", "fixed,p-min=2"], "p-min needs a cut-off"),
+    (["run", "--draft-policy", "fixed,goodput"], "a comma-separated list is for bench and eval"),
+])
+def test_a_bad_policy_list_is_one_line(capsys, argv, needle):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err

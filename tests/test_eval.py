@@ -475,3 +475,33 @@ def test_terminal_plots_in_colour_and_without(finished):
     assert len(coloured) == len(plain) == 3
     assert all(t.spans and "\x1b" not in t.plain for t in coloured)  # ANSI turned into rich styles
     assert all(not t.spans and "▒" in t.plain for t in plain)  # the second series' own fill character
+
+
+def test_eval_runs_each_policy_side_by_side_and_resumes_only_the_same_list(capsys, gpt2_paths, tmp_path):
+    """--draft-policy fixed,p-min=0.1: each drafter under each policy, greedy-equal to autoregressive; the
+    summary keys the first policy by the drafter's spec (as before) and the others `spec [policy]`; the
+    tables and plots show every variant; a resume with another list is refused, naming the field."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("w1 w2 w3\nw4 w5 w4 w5\n")
+    out = tmp_path / "e.json"
+    argv = ["eval", "--target", gpt2_paths[0], "--draft", f"{gpt2_paths[1]},ngram", "--prompts", str(prompts),
+            "-N", "8", "-K", "3", "--ignore-eos", "--draft-policy", "fixed,p-min=0.1"]
+    code, text, err = run_cli(capsys, *argv, "--json", str(out))
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    model = gpt2_paths[1]
+    assert doc["config"]["policies"] == ["fixed", "p-min=0.1"] and doc["config"]["draft_policy"] == "fixed,p-min=0.1"
+    assert len(doc["results"]) == 2 * (1 + 2 * 2)
+    spec = [r for r in doc["results"] if r["method"] == "speculative"]
+    assert {(r["drafter"], r["policy"]) for r in spec} == {(d, p) for d in (model, "ngram") for p in ("fixed", "p-min=0.1")}
+    assert all(r["same_tokens"] is True for r in spec)  # lossless under every policy
+    labels = [model, f"{model} [p-min=0.1]", "ngram", "ngram [p-min=0.1]"]
+    assert list(doc["summary"]) == ["autoregressive", *labels]
+    assert doc["summary"][f"{model} [p-min=0.1]"]["policy"] == "p-min=0.1"
+    cut = [r for r in spec if r["policy"] == "p-min=0.1" and r["drafter"] == model]
+    assert sum(sum(r["drafted_lengths"]) for r in cut) < sum(3 * r["steps"] for r in cut)  # p-min drafted less
+    m = doc["summary"][f"{model} [p-min=0.1]"]["overall"]
+    assert m["drafted_per_step"] < 3 and len(m["per_position_acceptance"]) == 3
+    assert "ngram [p-min=0.1]" in text and "draft policies fixed, p-min=0.1" in text
+    code, _, err = run_cli(capsys, *argv[:-2], "--draft-policy", "fixed", "--resume", str(out), "--no-plots")
+    _one_line_error(code, err, "draft_policy 'fixed,p-min=0.1'")

@@ -11,7 +11,7 @@ import specview.engine as engine
 from specview.engine import Decoder
 from specview.errors import SpecviewError
 from specview.events import StepResult
-from specview.policies import Goodput, Heuristic, make_policy, parse_policy
+from specview.policies import Goodput, GoodputFigures, Heuristic, make_policy, parse_policy
 from specview.settings import SamplingConfig
 
 PROMPT = [1, 5]
@@ -47,7 +47,9 @@ def test_every_policy_keeps_the_target_law(small_vocab_pair, policy, cfg_name):
     if policy.startswith("p-min"):
         assert any(why == "p-min" for _, why, _ in steps) and max(drafted) > 0, "p-min must both cut and draft"
     else:
-        assert len(drafted - {0}) >= 1 and sum(n for n, _, _ in steps) > SAMPLES
+        # (goodput learns across the decoder's runs that drafting is often not worth it on this pair: it
+        # still drafts thousands of tokens, with rejections, so the law is tested under its choices)
+        assert len(drafted - {0}) >= 1 and sum(n for n, _, _ in steps) > SAMPLES // 2
     assert tv(counts, exact) < tv_threshold(exact), f"{policy}, {cfg_name}: output is not the target's law"
 
 
@@ -101,12 +103,49 @@ def test_heuristic_grows_after_a_whole_block_and_shrinks_otherwise():
 def test_goodput_drafts_more_when_drafts_are_cheap_and_accepted_and_none_when_not():
     cheap = Goodput("goodput")
     assert cheap.budget(6) == 6  # nothing measured yet: draft K to measure
+    cheap.observe(_step(6, 6, draft_ms=0.5, verify_ms=10.0))
+    assert cheap.budget(6) == 3  # one row count measured: measure another, for the verify line
     for _ in range(20):
         cheap.observe(_step(6, 6, draft_ms=0.5, verify_ms=10.0))
+        cheap.observe(_step(3, 3, draft_ms=0.5, verify_ms=9.0))
     assert cheap.budget(6) == 6
     costly = Goodput("goodput")
     for _ in range(20):
         costly.observe(_step(3, 0, draft_ms=8.0, verify_ms=10.0))
         costly.observe(_step(0, 0, verify_ms=9.0))
-    assert costly.budget(6) == 0
+    assert [costly.budget(6) for _ in range(2 * (GoodputFigures.PROBE + 1))] == \
+        ([0] * GoodputFigures.PROBE + [1]) * 2  # drafting nothing, with a probe now and then: one costly token
+    free = Goodput("goodput")  # n-gram lookup on prose: drafts cost nothing, and are rejected
+    for _ in range(20):
+        free.observe(_step(6, 0, draft_ms=0.0, verify_ms=12.0))
+        free.observe(_step(0, 0, verify_ms=9.0))
+    probes = [free.budget(6) for _ in range(GoodputFigures.PROBE + 1)]
+    assert probes == [0] * GoodputFigures.PROBE + [6]  # its probe is as deep as the cost allows: the depths get measured
+
+
+def test_goodput_judges_undrafted_positions_by_the_pooled_acceptance():
+    """Positions it never drafted are not stuck at a prior of 1/2 (which kept it short for ever): with every
+    draft accepted and drafts cheap against a verify row, it goes past the depths it has seen."""
+    policy = Goodput("goodput")
+    for _ in range(30):
+        policy.observe(_step(2, 2, draft_ms=1.0, verify_ms=20.0))
+        policy.observe(_step(1, 1, draft_ms=1.0, verify_ms=19.0))
+    assert policy.figures().acceptance(8)[7] > 0.9
+    assert policy.budget(8) == 8
+
+
+def test_goodput_keeps_its_figures_across_the_decoders_runs(loaded_pair):
+    """The costs and acceptance are the machine's and the pair's, not one run's: a decoder's later runs
+    start from what its earlier ones measured (per drafter), where a fresh decoder starts over."""
+    target, draft = loaded_pair
+    decoder = Decoder(target, draft, SamplingConfig(temperature=0), k=4, ignore_eos=True, policy="goodput")
+    list(decoder.generate([1, 5, 9], 12))
+    memory = decoder.policy_memory
+    [figures] = memory.values()
+    seen = len(figures.verify)
+    assert seen > 0
+    list(decoder.generate([1, 5, 9], 12))
+    assert len(figures.verify) > seen and list(decoder.policy_memory.values()) == [figures]
+    shared = make_policy("goodput", memory)
+    assert shared.figures(next(iter(memory))) is figures
     assert make_policy("goodput").spec == "goodput"

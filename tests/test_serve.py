@@ -176,3 +176,29 @@ def test_events_streams_every_record_and_replays_after_a_reconnect(settings):
                 if int(event_id) == got[-1][0]:
                     break
         assert replay == [item for item in got if item[0] > middle]
+
+
+def test_per_position_counters_count_only_drafted_positions(settings):
+    """Under p-min a step drafts fewer than K (none at all when the first draft token is below the cut-off):
+    the per-position counters count the positions drafted, never K per step, and the stops are counted by
+    reason, matching the streamed step records."""
+    settings.draft_policy = "p-min=0.1"
+    with running_server(settings) as served, httpx.Client(base_url=served.url) as client:
+        steps = []
+        for prompt in ("w1 w2 w3", "w4 w5", "w6"):
+            records = stream_records(client, "/generate", {"prompt": prompt, "max_new_tokens": 10, "k": 4,
+                                                           "ignore_eos": True, "stream": True})
+            steps += [r for r in records if r["type"] == "step"]
+        page = client.get("/metrics").text
+    lengths = [len(s["drafted"]) for s in steps]
+    assert {s["policy"] for s in steps} == {"p-min=0.1"}
+    assert any(n < 4 and s["stopped_by"] == "p-min" for n, s in zip(lengths, steps)), "p-min must cut here"
+    assert any(n > 0 for n in lengths), "and draft"
+    for i in range(4):
+        drafted = metric(page, "specview:spec_decode_num_draft_tokens_per_pos_total", f'{{position="{i}"}}')
+        assert drafted == sum(n > i for n in lengths)
+    assert metric(page, "specview:spec_decode_num_drafts_total") == sum(n > 0 for n in lengths) < len(steps) * 4
+    assert metric(page, "specview:spec_decode_num_draft_tokens_total") == sum(lengths)
+    for reason in ("budget", "p-min", "no-proposal"):
+        assert metric(page, "specview:spec_decode_draft_stops_total", f'{{policy="p-min=0.1",reason="{reason}"}}') \
+            == sum(s["stopped_by"] == reason for s in steps)

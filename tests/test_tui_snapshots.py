@@ -53,3 +53,30 @@ def test_run_to_the_end_then_browse_back_120x40(snap_compare):
 
 def test_before_the_first_step_80x24(snap_compare):
     assert snap_compare(replay_app(), terminal_size=(80, 24), run_before=after())
+
+
+def policy_app():
+    """A recording under `--draft-policy p-min=0.3 -K 6` on the bundled pair (temperature 1, seed 3: made as
+    above, with k=6 and draft_policy="p-min=0.3"): most steps stop drafting before K at a low-confidence
+    draft token."""
+    import json
+    import pathlib
+
+    from specview.tui.app import SpecviewApp
+    from specview.tui.replay import ReplayBackend
+
+    recording = json.loads((pathlib.Path(__file__).parent / "tui_recording_pmin.json").read_text())
+    return SpecviewApp(ReplayBackend(recording))
+
+
+SIX_STEPS = ["space"] * 6  # the 6th step drafts 2 of 6: p-min refuses position 3 (top q 0.20)
+
+
+def test_policy_cut_and_undrafted_positions_120x40(snap_compare):
+    """The block view ends the block with the column that says why drafting stopped (p-min, the refused top
+    q), and the acceptance panel counts the positions not drafted apart (∅), never as rejected."""
+    assert snap_compare(policy_app(), terminal_size=(120, 40), run_before=after(*SIX_STEPS))
+
+
+def test_policy_cut_80x24(snap_compare):
+    assert snap_compare(policy_app(), terminal_size=(80, 24), run_before=after(*SIX_STEPS))

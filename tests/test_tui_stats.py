@@ -75,3 +75,29 @@ def test_live_floors_and_the_diagnosis_figures():
     f = st.figures(4)
     assert f.c == pytest.approx(0.5) and f.v == pytest.approx(1.2) and f.draft["share"] == pytest.approx(0.4)
     assert LiveStats(t_ar_ms=10.0).floors() == {}  # no roofline (a replay of an older recording): no lines
+
+
+def test_positions_a_policy_did_not_draft_are_counted_apart_not_as_rejections():
+    """K 4 asked each step; a policy drafted 4, then 2 (p-min cut), then none: positions 3-4 of the second
+    step and all of the third were not drafted. Acceptance per position counts drafted positions only."""
+    from specview.tui.widgets.block_view import stop_reason
+
+    st = LiveStats(t_ar_ms=10.0)
+    steps = [step([1, 2, 3, 4], 4, [1, 2, 3, 4, 9], 20.0, 12.0, 40.0, rejected=False),
+             step([1, 2], 1, [1, 9], 10.0, 11.0, 30.0), step([], 0, [9], 0.0, 10.0, 20.0, rejected=False)]
+    for s, why in zip(steps, ("budget", "p-min", "p-min")):
+        s.k, s.policy, s.stopped_by, s.budget = 4, "p-min=0.5", why, 4
+    steps[1].cut_q = 0.31
+    for s in steps:
+        st.add(s)
+    assert st.per_position == [(1.0, 2), (0.5, 2), (1.0, 1), (1.0, 1)]
+    assert st.positions == [(1.0, 2, 1), (0.5, 2, 1), (1.0, 1, 2), (1.0, 1, 2)]
+    assert st.acceptance_rate == pytest.approx(5 / 6) and st.stops == {"budget": 1, "p-min": 2}
+    assert stop_reason(steps[0]) is None  # all K drafted
+    assert stop_reason(steps[1]) == "p-min: the draft's top q 0.31 < 0.5"
+    goodput = step([1], 1, [1, 9], 5.0, 10.0, 20.0, rejected=False)
+    goodput.k, goodput.policy, goodput.stopped_by, goodput.budget = 8, "goodput", "budget", 1
+    assert stop_reason(goodput) == "goodput budget 1 of K 8"
+    old = step([1], 1, [1, 9], 5.0, 10.0, 20.0, rejected=False)  # a record from before policies: nothing said
+    old.k = 4
+    assert stop_reason(old) is None

@@ -152,7 +152,7 @@ def test_goodput_prices_on_the_curve():
     seen = SimpleNamespace(drafted=[1, 2], accepted=1, rejected_at=1, phases_ms={})  # acceptance, no timings
 
     def after_one_step(*args):
-        policy = make_policy("goodput", *args)
+        policy = make_policy("goodput", None, *args)
         assert policy.budget(6) == 6  # no acceptance seen yet: drafts K to measure
         policy.observe(seen)
         return policy.budget(6)

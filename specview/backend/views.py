@@ -84,7 +84,8 @@ _STEP_CHECKS = {"step": _int, "drafted": _ints, "q": _nums, "p": _nums, "r": _op
                 "stop_reason": _opt(lambda v: isinstance(v, str)), "tokens": lambda v: isinstance(v, list),
                 "phases_ms": _table, "layernorm_ms": _table, "wall_ms": _num, "memory_mb": _table, "k": _int,
                 "run": _int, "source": _opt(_ints), "drafter": _opt(lambda v: isinstance(v, str)), "position": _int,
-                "policy": _opt(lambda v: isinstance(v, str)), "stopped_by": _opt(lambda v: isinstance(v, str))}
+                "policy": _opt(lambda v: isinstance(v, str)), "stopped_by": _opt(lambda v: isinstance(v, str)),
+                "budget": _opt(_int), "cut_q": _opt(_num)}
 
 
 def step_view(record: dict) -> StepView:

@@ -24,7 +24,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from specview.bench.methods import drafting, make_methods
+from specview.bench.methods import drafting, make_methods, variant_name
 from specview.bench.metrics import (
     method_stats,
     predict,
@@ -38,6 +38,7 @@ from specview.bench.schema import BENCH_SCHEMA, METHOD_ORDER, PEER_METHODS, peer
 from specview.bench.tables import ordered, render
 from specview.errors import SpecviewError
 from specview.files import write_json_atomic
+from specview.policies import parse_policies
 from specview.session import open_session
 from specview.settings import Settings
 from specview.stopping import Stop, Stopped
@@ -164,30 +165,32 @@ def build_doc(session, args, ks: list[int], records: dict, load_start, peer_info
         bad = [x for x in results if not x["same"]]
         return bad[0] if bad else results[0]
 
-    drafters = methods_drafters(session)
+    variants = methods_variants(session)  # speculative method -> (drafter, policy)
+    drafters = methods_drafters(session)  # the first policy's methods: one per drafter
     labels = {m: d.spec for m, d in drafters.items()}  # speculative method -> drafter spec
     peers_of = {label: peer_of(session, d) for label, d in drafters.items()}  # the peers doing the same work
-    per_drafter = {}
-    for label in labels:
+    per_variant = {}
+    for label in variants:
         entries = []
-        for k in ks:
+        for k in ks if label in drafters else [s.k]:  # other policies run at the main K (their maximum)
             spec = records[(label, k)]
             entry = speculative_metrics(k, spec, ar)
             entry["methods"] = {label: method_stats(spec, ar_mean)}
             entry["same_tokens"] = {label: check(label, k)}
-            for peer in peers_of[label]:
+            for peer in peers_of.get(label, ()):
                 if (peer, k) in records:
                     entry["methods"][peer] = method_stats(records[(peer, k)], ar_mean)
                     entry["same_tokens"][peer] = check(peer, k)
             entry.update(sweep_inputs(spec))
             entries.append(entry)
-        if args.sweep_k:
+        if args.sweep_k and label in drafters:
             predict(entries)
-        per_drafter[label] = entries
+        per_variant[label] = entries
+    per_drafter = {label: per_variant[label] for label in drafters}
     first = per_drafter["speculative"]
     main = next(e for e in first if e["k"] == s.k)
     methods, same = {}, {}
-    for entries in per_drafter.values():
+    for entries in per_variant.values():
         at_k = next(e for e in entries if e["k"] == s.k)
         methods.update(at_k["methods"])
         same.update(at_k["same_tokens"])
@@ -198,8 +201,9 @@ def build_doc(session, args, ks: list[int], records: dict, load_start, peer_info
             if name in PEER_METHODS:  # the target's law (draft_autoregressive is the draft's, not checked)
                 same[name] = check(*key)
     methods = {name: methods[name] for name in ordered(methods)}
-    for label, spec in labels.items():
-        methods[label]["drafter"] = spec
+    for label, (drafter, policy) in variants.items():
+        methods[label]["drafter"] = drafter.spec
+        methods[label]["policy"] = policy
     for name, info in (peer_info or {}).items():
         if name in methods:
             methods[name]["peer"] = info
@@ -215,6 +219,13 @@ def build_doc(session, args, ks: list[int], records: dict, load_start, peer_info
                         if key not in ("methods", "same_tokens")} | {"method": label}
         for label, entries in per_drafter.items()
     }
+    # Every policy of --draft-policy at the main K (its maximum), per drafter: the same metrics, side by side.
+    doc["policies"] = {}
+    for label, (drafter, policy) in variants.items():
+        at_k = next(e for e in per_variant[label] if e["k"] == s.k)
+        doc["policies"].setdefault(policy, {})[drafter.spec] = (
+            {key: value for key, value in public(at_k).items() if key not in ("methods", "same_tokens")}
+            | {"method": label})
     doc["peer_ratios"] = peer_ratios(methods, labels, peers_of, peer_names(args.peer))
     doc["peers_skipped"] = dict(skipped or {})
     if args.sweep_k:
@@ -278,9 +289,16 @@ def peer_of(session, drafter) -> tuple[str, ...]:
 
 
 def methods_drafters(session) -> dict:
-    """Speculative method name -> its drafter: `speculative` is the first drafter (the bench file's top
-    level describes it), `speculative:<spec>` each other one."""
-    return {("speculative" if i == 0 else f"speculative:{d.spec}"): d for i, d in enumerate(session.drafters)}
+    """Speculative method name -> its drafter, under the first policy: `speculative` is the first drafter (the
+    bench file's top level describes it), `speculative:<spec>` each other one."""
+    return {variant_name(session, d): d for d in session.drafters}
+
+
+def methods_variants(session) -> dict:
+    """Speculative method name -> (drafter, policy) for every drafter under every policy of --draft-policy
+    (bench/methods.variant_name: `speculative:<spec>[<policy>]`)."""
+    return {variant_name(session, d, p): (d, p) for d in session.drafters
+            for p in parse_policies(session.settings.draft_policy)}
 
 
 def _over(a: float | None, b: float | None) -> float | None:

@@ -20,6 +20,7 @@ from transformers import StoppingCriteria
 from specview.bench.record import RunRecord  # noqa: F401 - its clients import it from here too
 from specview.bench.schema import DRAFTING_PEERS, peer_names
 from specview.engine import eos_token_ids
+from specview.policies import first_policy, parse_policies
 from specview.stopping import Stop
 
 
@@ -28,16 +29,29 @@ def drafting(name: str) -> bool:
     return name.startswith("speculative") or name in DRAFTING_PEERS
 
 
+def variant_name(session, drafter, policy: str | None = None) -> str:
+    """A speculative method's name: `speculative` for the first drafter under the first policy (the bench
+    file's top level describes it), `speculative:<spec>` for another drafter, `[<policy>]` appended for
+    another policy of `--draft-policy a,b,c`."""
+    name = "speculative" if drafter is session.drafters[0] else f"speculative:{drafter.spec}"
+    first = first_policy(session.settings.draft_policy)
+    return name if policy is None or policy == first else f"{name}[{policy}]"
+
+
 class EngineMethod:
     """One of our methods on a Decoder; K is set per call (the sweep shares one decoder). Speculative
     decoding is one method per drafter: `speculative` for the first, `speculative:<spec>` for the others."""
 
-    def __init__(self, session, method: str, generator: torch.Generator, stop: Stop, drafter=None):
-        self.name = method if drafter is None or drafter is session.drafters[0] else f"speculative:{drafter.spec}"
+    def __init__(self, session, method: str, generator: torch.Generator, stop: Stop, drafter=None,
+                 policy: str | None = None):
+        self.name = method if drafter is None else variant_name(session, drafter, policy)
         self.drafter = drafter
+        first = first_policy(session.settings.draft_policy)
+        self.policy = (policy or first) if drafter is not None else None
+        self.sweeps = self.policy in (None, first)  # --sweep-k sweeps the first policy; the others run at the main K
         self.session = session
         self.stop = stop
-        self.decoder = session.decoder(method, drafter=drafter)
+        self.decoder = session.decoder(method, drafter=drafter, policy=self.policy)
         self.decoder.generator = generator  # one generator for the whole command (docs/design.md: seeded once)
 
     def run(self, k: int | None = None, prompt_ids: list[int] | None = None,
@@ -181,9 +195,10 @@ def make_methods(session, peer: str | None, generator: torch.Generator, stop: St
     stop = Stop() if stop is None else stop  # (a Stop is falsy until requested)
     skipped = {} if skipped is None else skipped
     methods = {"autoregressive": EngineMethod(session, "autoregressive", generator, stop)}
-    for drafter in session.drafters:
-        method = EngineMethod(session, "speculative", generator, stop, drafter)
-        methods[method.name] = method
+    for drafter in session.drafters:  # each drafter under each policy of --draft-policy, drafters first
+        for policy in parse_policies(session.settings.draft_policy):
+            method = EngineMethod(session, "speculative", generator, stop, drafter, policy)
+            methods[method.name] = method
     if session.draft is not None:
         methods["draft_autoregressive"] = EngineMethod(session, "draft_autoregressive", generator, stop)
     peers = peer_names(peer)

@@ -62,6 +62,9 @@ def speculative_metrics(k: int, spec: list[RunRecord], ar: list[RunRecord]) -> d
         "per_position_acceptance": counts.per_position_acceptance,
         "conditional_position_acceptance": counts.conditional_position_acceptance,
         "accepted_length_histogram": counts.accepted_length_histogram(k),
+        # What the draft-length policy did: steps by drafted length 0..K, and why drafting stopped.
+        "drafted_length_histogram": drafted_lengths(spec, k),
+        "stopped_by": stop_reasons(spec),
         "target_ms_per_token": costs.t_ar_ms,
         "draft_ms_per_token": costs.draft_ms_per_token,
         "verify_ms": costs.verify_ms,
@@ -74,6 +77,27 @@ def speculative_metrics(k: int, spec: list[RunRecord], ar: list[RunRecord]) -> d
         "step_ms": {name: ratio(phase(name, 0.0), counts.steps) for name in PHASES},  # where a step goes
         "overhead_share": outside,  # share of the step time outside the two models' forwards
     }
+
+
+def drafted_lengths(records: list[RunRecord], k: int) -> list[int]:
+    """Steps that drafted exactly 0, 1, .. K tokens (a policy's budget, a p-min cut, an n-gram miss)."""
+    counts = [0] * (k + 1)
+    for r in records:
+        for st in r.steps:
+            n = len(st.drafted)
+            counts.extend([0] * (n + 1 - len(counts)))
+            counts[n] += 1
+    return counts
+
+
+def stop_reasons(records: list[RunRecord]) -> dict[str, int]:
+    """Steps by why drafting stopped (`stopped_by`: budget, p-min, no-proposal)."""
+    out: dict[str, int] = {}
+    for r in records:
+        for st in r.steps:
+            if st.stopped_by is not None:
+                out[st.stopped_by] = out.get(st.stopped_by, 0) + 1
+    return out
 
 
 def _mean_wall(records: list[RunRecord]) -> float | None:

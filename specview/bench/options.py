@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from specview.bench.schema import PEERS
-from specview.options import Parser, add_run_options, number_type
+from specview.options import Parser, add_run_options, allow_policy_list, number_type
 
 BENCH_DEFAULTS = {"ignore_eos": True}  # equal token counts for every method; other defaults as `run` (DESIGN)
 
@@ -47,6 +47,7 @@ def build_bench_parser() -> argparse.ArgumentParser:
                "The metrics (c, v, ideal / theoretical speedup, efficiency) follow docs/design.md; see README.",
     )
     add_run_options(p)
+    allow_policy_list(p, "bench")
     p.set_defaults(**BENCH_DEFAULTS)
     for action in p._actions:  # show the bench default in --help
         if action.dest == "ignore_eos":

@@ -44,6 +44,8 @@ def render(doc: dict) -> Group:
         parts.append(Text(f"tokens/s, ours over the peers': {said}"))
     if len(doc.get("drafters") or {}) > 1:
         parts.append(drafters_table(doc))
+    if len(doc.get("policies") or {}) > 1:
+        parts.append(policies_table(doc))
     parts.append(metrics_table(doc))
     if doc.get("sweep"):
         parts.append(sweep_table(doc))
@@ -66,7 +68,9 @@ def methods_table(doc: dict) -> Table:
     for name in ordered(methods):
         m = methods[name] if isinstance(methods[name], dict) else {}
         drafter = f"{m['drafter']}, " if m.get("drafter") else ""
-        k = f" ({drafter}K={doc.get('k')})" if name.startswith("speculative") or name in DRAFTING_PEERS else ""
+        policy = m.get("policy")
+        policy = f", {policy}" if policy and policy != "fixed" else ""
+        k = f" ({drafter}K={doc.get('k')}{policy})" if name.startswith("speculative") or name in DRAFTING_PEERS else ""
         name = "speculative" if m.get("drafter") else name
         speedup = m.get("speedup", ratio(base, m.get("mean_s")))
         table.add_row(name + k, fmt(m.get("mean_s"), "{:.3f}"), fmt(m.get("std_s"), "{:.3f}"),
@@ -113,6 +117,62 @@ def drafters_table(doc: dict) -> Table:
                       fmt(d.get("verify_cost_ratio")), fmt(d.get("theoretical_speedup"), "{:.2f}x"),
                       fmt(tps, "{:.1f}"), fmt(d.get("speedup"), "{:.2f}x"), fmt(d.get("efficiency"), "{:.0%}"))
     return table
+
+
+def policies_table(doc: dict) -> Table:
+    """Every draft-length policy at the main K (their maximum), per drafter, side by side; against the first
+    policy, and with a sweep against the best fixed K measured."""
+    policies = doc["policies"]
+    first = next(iter(policies))
+    methods = doc.get("methods") or {}
+    table = Table(title=f"draft-length policies side by side (K={doc.get('k')} at most)", title_justify="left",
+                  caption=f"drafted = tokens drafted per step; E = tokens per target forward; vs {first}: tokens/s "
+                          f"over {first}'s with the same drafter; stopped = why drafting stopped (share of steps)"
+                          + ("; vs best fixed K: tokens/s over the best K of the sweep" if doc.get("sweep") else ""),
+                  caption_justify="left")
+    best = best_fixed(doc)
+    cols = ["drafter", "policy", "drafted", "accept", "E", "tokens/s", "speedup", f"vs {first}"]
+    cols += ["vs best fixed K"] if best else []
+    for col in cols + ["stopped"]:
+        table.add_column(col, justify="left" if col in ("drafter", "policy", "stopped") else "right")
+    specs = list(dict.fromkeys(spec for by_spec in policies.values() for spec in by_spec))
+    for spec in specs:
+        base = (methods.get(((policies.get(first) or {}).get(spec) or {}).get("method")) or {}).get("tokens_per_s")
+        for policy, by_spec in policies.items():
+            d = by_spec.get(spec)
+            if not isinstance(d, dict):
+                continue
+            tps = (methods.get(d.get("method")) or {}).get("tokens_per_s")
+            reasons = d.get("stopped_by") or {}
+            total = sum(reasons.values()) or None
+            stopped = " ".join(f"{why} {fmt(ratio(n, total), '{:.0%}')}" for why, n in reasons.items())
+            row = [spec, policy, fmt(d.get("drafted_per_step")), fmt(d.get("acceptance_rate"), "{:.0%}"),
+                   fmt(d.get("mean_emitted_per_step")), fmt(tps, "{:.1f}"), fmt(d.get("speedup"), "{:.2f}x"),
+                   fmt(ratio(tps, base), "{:.2f}x")]
+            if best:
+                k, best_tps = best.get(spec, (None, None))
+                row.append(f"{fmt(ratio(tps, best_tps), '{:.2f}x')} (K={k})" if k else "n/a")
+            table.add_row(*row, stopped, end_section=policy == list(policies)[-1] and spec != specs[-1])
+    return table
+
+
+def best_fixed(doc: dict) -> dict:
+    """drafter spec -> (K, tokens/s) of the fastest K of the sweep, when the swept policy is `fixed`."""
+    if (doc.get("config") or {}).get("draft_policy", "fixed").split(",")[0] != "fixed":
+        return {}
+    methods = doc.get("methods") or {}
+    out = {}
+    for spec, d in (doc.get("drafters") or {}).items():
+        label = d.get("method") if isinstance(d, dict) else None
+        scored = [((e.get("methods") or {}).get(label, {}).get("tokens_per_s"), e.get("k"))
+                  for e in (d.get("sweep") or []) if isinstance(e, dict)]
+        main = (methods.get(label) or {}).get("tokens_per_s")  # the main K is always measured
+        scored.append((main, doc.get("k")))
+        scored = [(tps, k) for tps, k in scored if isinstance(tps, (int, float))]
+        if len(scored) > 1:
+            tps, k = max(scored)
+            out[spec] = (k, tps)
+    return out
 
 
 def metrics_table(doc: dict) -> Table:

@@ -25,6 +25,7 @@ class Proposal:
     q: torch.Tensor  # [n, V] the distribution each token was drawn from
     source: tuple[int, int] | None = None  # n-gram: [start, end) of the copied span in the tokens so far
     cut: bool = False  # drafting stopped early because the policy said so (p-min), not for lack of a proposal
+    cut_q: float | None = None  # p-min: the top probability of the draft distribution it refused
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

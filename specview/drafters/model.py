@@ -25,7 +25,7 @@ class ModelDrafter:
         """k tokens, each fed back without leaving the device. The cache may lag the tokens by more than
         one (this drafter sat out some steps of a multi-drafter session): one forward catches it up."""
         timer = dec.timer
-        drafts, q_rows, cut = [], [], False
+        drafts, q_rows, cut = [], [], None  # cut: the refused top probability, when p-min stopped drafting
         ids: list[int] | torch.Tensor = tokens[cache.get_seq_length():]
         for _ in range(k):
             with timer.phase("draft"):
@@ -35,8 +35,8 @@ class ModelDrafter:
                     q = probs_from_logits(logits, dec.sampling)
                 # p-min: judged on q alone (never on the target), before the token is drawn; one read of
                 # the top probability per drafted token, only for the policies that ask for it.
-                if keep_drafting is not None and not keep_drafting(float(q.max())):
-                    cut = True
+                if keep_drafting is not None and not keep_drafting(top := float(q.max())):
+                    cut = top
                     break
                 token = sample(q, dec.generator, dec.sampling.greedy)
             drafts.append(token)
@@ -44,8 +44,8 @@ class ModelDrafter:
             ids = token.view(1)
         if not drafts:
             return Proposal(torch.zeros(0, dtype=torch.long, device=dec.device),
-                            torch.zeros(0, dec.vocab, device=dec.device), cut=cut)
-        return Proposal(torch.stack(drafts), torch.stack(q_rows), cut=cut)
+                            torch.zeros(0, dec.vocab, device=dec.device), cut=cut is not None, cut_q=cut)
+        return Proposal(torch.stack(drafts), torch.stack(q_rows), cut=cut is not None, cut_q=cut)
 
     def rollback(self, cache, keep: int) -> None:
         crop_cache(cache, keep)

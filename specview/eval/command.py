@@ -35,6 +35,7 @@ from specview.eval.document import (
 )
 from specview.eval.prompts import BUILTIN, Prompt, load_prompts
 from specview.files import ensure_writable_dir, write_json_atomic
+from specview.policies import parse_policies
 from specview.session import check_context, encode_prompt, open_session
 from specview.settings import Settings
 from specview.stopping import Stop
@@ -78,7 +79,8 @@ def _eval(args, stop: Stop) -> int:
     never = Stop()  # a run always finishes: eval stops between prompts, never inside one
     generator = torch.Generator(device=session.device)
     methods = [(None, EngineMethod(session, "autoregressive", generator, never))]
-    methods += [(d.spec, EngineMethod(session, "speculative", generator, never, d)) for d in session.drafters]
+    methods += [(d.spec, EngineMethod(session, "speculative", generator, never, d, policy))  # each drafter under
+                for d in session.drafters for policy in parse_policies(settings.draft_policy)]  # each policy
     interrupted = False
     with eval_progress(stderr) as progress:
         task = progress.add_task("warm-up", total=len(todo) * len(methods))
@@ -172,12 +174,13 @@ def run_prompt(prompt: Prompt, index: int, ids: list[int], methods: list, settin
     generator.manual_seed(settings.seed * 1_000_003 + index)
     out, reference = [], None
     for drafter, method in methods:
-        say(f"{prompt.category} {prompt.id} · {drafter or 'autoregressive'}")
+        policy = f" [{method.policy}]" if drafter and method.policy != "fixed" else ""
+        say(f"{prompt.category} {prompt.id} · {drafter or 'autoregressive'}{policy}")
         record = method.run(prompt_ids=ids)
         timing["runs_s"] += record.wall_s
         if drafter is None and settings.greedy:
             reference = record.generated_ids
-        out.append(result_record(prompt, drafter, record, reference))
+        out.append(result_record(prompt, drafter, record, reference, method.policy))
     return out
 
 

@@ -10,20 +10,22 @@ import time
 from specview.documents import EVAL_SCHEMA, load
 from specview.errors import SpecviewError
 from specview.eval.prompts import Prompt, digest
-from specview.eval.summary import AUTOREGRESSIVE, summarize
+from specview.eval.summary import AUTOREGRESSIVE, result_policy, summarize, variants
 from specview.events import nonfinite_to_none
+from specview.policies import parse_policies
 from specview.settings import Settings
 
 # Settings a resumed eval must share with its file: each changes the tokens or the timings. (profile_dir,
 # cache and the prompt set's path do not: the set is compared by its digest, so a moved file still resumes.)
-RESUME_FIELDS = ("target", "draft", "max_new_tokens", "k", "temperature", "top_k", "top_p", "seed", "ignore_eos",
+RESUME_FIELDS = ("target", "draft", "draft_policy", "max_new_tokens", "k", "temperature", "top_k", "top_p", "seed", "ignore_eos",
                  "device", "threads", "chat", "prompt_set_sha256")
 
 
 def eval_config(settings: Settings, args, prompts: list[Prompt], drafters: list[str]) -> dict:
     config = {k: v for k, v in settings.to_json().items() if k not in ("prompt", "profile_dir")}
     config.update(chat=args.chat, prompts=args.prompts, limit=args.limit, categories=args.categories,
-                  prompt_set_sha256=digest(prompts), num_prompts=len(prompts), drafters=drafters)
+                  prompt_set_sha256=digest(prompts), num_prompts=len(prompts), drafters=drafters,
+                  policies=parse_policies(settings.draft_policy))
     return config  # chat None = not resolved yet (auto: known once the tokenizer is loaded)
 
 
@@ -32,11 +34,12 @@ def check_resume(path: str, old: dict, new: dict, fields=RESUME_FIELDS) -> None:
     for name in fields:
         if name == "chat" and new.get(name) is None:
             continue  # auto: compared once the tokenizer says what auto means
-        if old.get(name) != new.get(name):
+        was = old.get(name, "fixed" if name == "draft_policy" else None)  # files from before --draft-policy
+        if was != new.get(name):
             if name == "prompt_set_sha256":
                 raise SpecviewError(f"--resume {path} was written for another prompt set (the file, --limit or "
                                     "--categories differ); give the same ones, or start a new eval")
-            raise SpecviewError(f"--resume {path} was written with {name} {old.get(name)!r}, this eval has "
+            raise SpecviewError(f"--resume {path} was written with {name} {was!r}, this eval has "
                                 f"{new.get(name)!r}; use the same settings, or start a new eval")
 
 
@@ -73,11 +76,15 @@ def damage(doc: dict) -> str | None:
     drafters = config.get("drafters")
     if not isinstance(drafters, list) or not all(isinstance(d, str) for d in drafters):
         return "config.drafters is not a list of drafter specs"
+    policies = config.get("policies")  # absent in files from before --draft-policy took a list
+    if policies is not None and not (isinstance(policies, list) and policies and all(isinstance(p, str) for p in policies)):
+        return "config.policies is not a list of draft-length policies"
     for i, p in enumerate(doc["prompts"]):
         if not isinstance(p, dict) or not isinstance(p.get("id"), str) or not isinstance(p.get("category"), str):
             return f"prompts[{i}] has no string id and category"
     checks = {"prompt_id": lambda v: isinstance(v, str), "method": lambda v: v in (AUTOREGRESSIVE, "speculative"),
-              "drafter": lambda v: v is None or isinstance(v, str), "tokens": _count, "steps": _count,
+              "drafter": lambda v: v is None or isinstance(v, str), "policy": lambda v: v is None or isinstance(v, str),
+              "tokens": _count, "steps": _count,
               "drafted": _count, "accepted": _count, "wall_s": _seconds,
               "prefill_ms": lambda v: v is None or _seconds(v), "same_tokens": lambda v: v in (True, False, None),
               "accepted_lengths": lambda v: _counts(v, k), "drafted_lengths": lambda v: _counts(v, k),
@@ -96,14 +103,15 @@ def damage(doc: dict) -> str | None:
 def complete_results(doc: dict, prompt_ids: set[str]) -> list[dict]:
     """The results of the prompts that ran through every method (a stop only ever keeps whole prompts, but a
     file edited by hand might not)."""
-    methods = [(AUTOREGRESSIVE, None)] + [("speculative", d) for d in doc["config"]["drafters"]]
+    config = doc["config"]
+    methods = [(AUTOREGRESSIVE, "", "")] + [("speculative", d, p) for _, d, p in variants(config)]
     by_prompt: dict[str, list[dict]] = {}
     for r in doc["results"]:
         by_prompt.setdefault(r["prompt_id"], []).append(r)
     keep = []
     for pid, rs in by_prompt.items():
-        if pid in prompt_ids and sorted((r["method"], r["drafter"] or "") for r in rs) == \
-                sorted((m, d or "") for m, d in methods):
+        if pid in prompt_ids and sorted((r["method"], r["drafter"] or "", result_policy(r, config) or "")
+                                        for r in rs) == sorted(methods):
             keep.extend(rs)
     return keep
 
@@ -120,9 +128,11 @@ def default_path(folder: str, target: str) -> str:
         t += 0.001
 
 
-def result_record(prompt: Prompt, drafter: str | None, record, reference: list[int] | None) -> dict:
+def result_record(prompt: Prompt, drafter: str | None, record, reference: list[int] | None,
+                  policy: str | None = None) -> dict:
     """One run (a bench RunRecord) as the document keeps it. `reference`: the autoregressive tokens of
-    this prompt when decoding is greedy (a drafter must emit exactly them), else None."""
+    this prompt when decoding is greedy (a drafter must emit exactly them), else None; `policy`: the
+    draft-length policy of a speculative run."""
     s = record.summary
     speculative = drafter is not None
     same, first = None, None
@@ -134,6 +144,7 @@ def result_record(prompt: Prompt, drafter: str | None, record, reference: list[i
     return nonfinite_to_none({
         "prompt_id": prompt.id, "category": prompt.category,
         "method": "speculative" if speculative else AUTOREGRESSIVE, "drafter": drafter,
+        "policy": (policy or "fixed") if speculative else None,
         "tokens": record.tokens, "steps": s.steps, "wall_s": record.wall_s, "prefill_ms": s.prefill_ms,
         "accepted_lengths": [st.accepted for st in record.steps] if speculative else [],
         "drafted_lengths": [len(st.drafted) for st in record.steps] if speculative else [],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from specview.eval.prompts import BUILTIN, parse_categories
-from specview.options import Parser, add_run_options, number_type
+from specview.options import Parser, add_run_options, allow_policy_list, number_type
 from specview.settings import DEFAULT_DRAFT
 
 # Eval differs from `run` in its defaults: greedy, as Spec-Bench measures, so every drafter must emit the
@@ -38,6 +38,7 @@ def build_eval_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
     )
     add_run_options(p)
+    allow_policy_list(p, "eval")
     p.set_defaults(**EVAL_DEFAULTS)
     for action in p._actions:  # say eval's own defaults in --help
         if action.dest == "temperature":

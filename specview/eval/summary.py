@@ -13,6 +13,31 @@ from specview.metrics import Counts, cost_model, ratio, speedups_over_baseline
 AUTOREGRESSIVE = "autoregressive"  # the summary's key for the baseline (drafter specs key the others)
 
 
+def policies(config: dict) -> list[str]:
+    """The draft-length policies an eval ran, in order (files from before `--draft-policy` ran `fixed`)."""
+    return list(config.get("policies") or [config.get("draft_policy") or "fixed"])
+
+
+def variant_label(spec: str, policy: str, first: str) -> str:
+    """A drafter under a policy, as the summary keys it: the spec under the first policy (as before
+    `--draft-policy` took a list), `spec [policy]` under each other one."""
+    return spec if policy == first else f"{spec} [{policy}]"
+
+
+def variants(config: dict) -> list[tuple[str, str, str]]:
+    """(label, drafter spec, policy) for every drafter under every policy: drafters in the order of
+    --draft, each under the policies in the order of --draft-policy."""
+    ps = policies(config)
+    return [(variant_label(d, p, ps[0]), d, p) for d in config["drafters"] for p in ps]
+
+
+def result_policy(result: dict, config: dict) -> str | None:
+    """A speculative result's policy (older files have none: the first); None for autoregressive."""
+    if result["method"] == AUTOREGRESSIVE:
+        return None
+    return result.get("policy") or policies(config)[0]
+
+
 def result_counts(results: Iterable[dict]) -> Counts:
     """The counters of whole runs, rebuilt from their per-step accepted and drafted lengths (a step with
     fewer accepted than drafted had a rejection: blocks are tested in order and stop at the first)."""
@@ -56,6 +81,7 @@ def group_metrics(results: list[dict], baseline: dict[str, dict], k: int) -> dic
         "mean_accepted_tokens": counts.mean_emitted_per_step,  # tau
         "accepted_length_histogram": counts.accepted_length_histogram(k),
         "undrafted_steps": counts.steps - sum(counts.accepted_length_counts),  # n-gram misses: plain target steps
+        "drafted_per_step": counts.drafted_per_step,  # below K under an adaptive policy (--draft-policy)
         "per_position_acceptance": positions + [None] * (k - len(positions)),
         "conditional_position_acceptance": conditional + [None] * (k - len(conditional)),
         "tokens_per_s": counts.tokens_per_s,
@@ -80,8 +106,9 @@ def baseline_metrics(results: list[dict]) -> dict:
 
 
 def summarize(doc: dict) -> dict:
-    """{"autoregressive": {...}, "<drafter>": {"overall": {...}, "by_category": {"<cat>": {...}}}}, drafters in
-    the order of --draft, categories in the order of the prompt set; only prompts with results count."""
+    """{"autoregressive": {...}, "<drafter>": {"overall": {...}, "by_category": {"<cat>": {...}}, "drafter",
+    "policy"}}, drafters in the order of --draft (with a list of policies, `<drafter> [<policy>]` for each but
+    the first: variants()), categories in the order of the prompt set; only prompts with results count."""
     k = doc["config"]["k"]
     category = {p["id"]: p["category"] for p in doc["prompts"]}
     order = list(dict.fromkeys(p["category"] for p in doc["prompts"]))
@@ -94,8 +121,11 @@ def summarize(doc: dict) -> dict:
 
     ar = list(baseline.values())
     summary = {AUTOREGRESSIVE: {"overall": baseline_metrics(ar), "by_category": by_category(ar, baseline_metrics)}}
-    for spec in doc["config"]["drafters"]:
-        mine = [r for r in results if r["method"] == "speculative" and r["drafter"] == spec]
-        summary[spec] = {"overall": group_metrics(mine, baseline, k),
-                         "by_category": by_category(mine, lambda rs: group_metrics(rs, baseline, k))}
+    config = doc["config"]
+    for label, spec, policy in variants(config):
+        mine = [r for r in results if r["method"] == "speculative" and r["drafter"] == spec
+                and result_policy(r, config) == policy]
+        summary[label] = {"overall": group_metrics(mine, baseline, k),
+                          "by_category": by_category(mine, lambda rs: group_metrics(rs, baseline, k)),
+                          "drafter": spec, "policy": policy}
     return summary

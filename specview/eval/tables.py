@@ -4,10 +4,11 @@ again (one rendering for both), and two evals compared (`specview report A.json 
 from __future__ import annotations
 
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from specview.eval.summary import AUTOREGRESSIVE
+from specview.eval.summary import AUTOREGRESSIVE, policies, variant_label
 from specview.events import fmt
 from specview.metrics import ratio
 from specview.profiling.render import config_diff
@@ -26,7 +27,8 @@ def render(doc: dict) -> Group:
     prompts = doc.get("prompts") or []
     head = (f"target {c.get('target')} · N {c.get('max_new_tokens')} · K {c.get('k')} · temperature "
             f"{c.get('temperature')}{' (greedy)' if c.get('temperature') == 0 else ''} · chat {c.get('chat')} · "
-            f"prompts {c.get('prompts')}: {len(done)} of {len(prompts)} done")
+            f"prompts {c.get('prompts')}: {len(done)} of {len(prompts)} done"
+            + (f" · draft policies {', '.join(policies(c))}" if policies(c) != ["fixed"] else ""))
     machine = f"{meta.get('cpu')} · {meta.get('device')} · {meta.get('threads')} threads" if meta else ""
     parts = [Text(head, style="bold"), Text(machine, style="dim"), category_table(doc), positions_table(doc)]
     parts += [Text(line, style="yellow") for line in token_mismatches(doc)]
@@ -56,11 +58,14 @@ def category_table(doc: dict) -> Table:
     for d in drafters:
         s = summary[d]
         rows = list((s.get("by_category") or {}).items()) + [("all", s.get("overall") or {})]
+        spec, policy = s.get("drafter"), s.get("policy")
+        # `spec [policy]` is too wide for the column: the spec on the first row, the policy under it
+        names = [spec, f"[{policy}]"] if isinstance(spec, str) and d != spec else [d]
         for i, (cat, m) in enumerate(rows):
             base = (ar.get("overall") if cat == "all" else (ar.get("by_category") or {}).get(cat)) or {}
             failures = m.get("same_tokens_failures")
             same = "n/a" if failures is None else "yes" if not failures else f"no: {len(failures)}"
-            table.add_row(d if i == 0 else "", cat, str(m.get("prompts", "")), fmt(m.get("acceptance_rate"), "{:.0%}"),
+            table.add_row(Text(names[i]) if i < len(names) else "", cat, str(m.get("prompts", "")), fmt(m.get("acceptance_rate"), "{:.0%}"),
                           fmt(m.get("alpha"), "{:.2f}"), fmt(m.get("mean_accepted_tokens")),
                           fmt(m.get("tokens_per_s"), "{:.1f}"), fmt(base.get("tokens_per_s"), "{:.1f}"),
                           fmt(m.get("speedup_mean_of_prompts"), SPEEDUP), fmt(m.get("speedup_total_time"), SPEEDUP),
@@ -73,16 +78,18 @@ def positions_table(doc: dict) -> Table:
     summary = doc.get("summary") or {}
     table = Table(title="per drafter, every prompt: costs and draft positions", title_justify="left",
                   caption="c = draft time per drafted token / t_ar, v = verify time / t_ar; accepted at i = share of "
-                          "the steps drafting position i that accepted it; given i-1 = the same among steps that "
+                          "the steps drafting position i that accepted it (a position a policy did not draft is not counted); "
+                          "drafted = tokens drafted per step; given i-1 = the same among steps that "
                           "accepted 1..i-1, P(accept i | accepted i-1); accepted lengths = share of drafting steps "
                           "that accepted 0..K drafts", caption_justify="left")
-    for col in ("drafter", "c", "v", "accepted at position 1..K", "given i-1 accepted", "accepted lengths 0..K"):
-        table.add_column(col, justify="right" if col in ("c", "v") else "left")
+    for col in ("drafter", "drafted", "c", "v", "accepted at position 1..K", "given i-1 accepted",
+                "accepted lengths 0..K"):
+        table.add_column(col, justify="right" if col in ("drafted", "c", "v") else "left")
     for d in _drafters(doc):
         m = summary[d].get("overall") or {}
         hist = m.get("accepted_length_histogram") or []
         total = sum(hist)
-        table.add_row(d, fmt(m.get("cost_ratio"), "{:.3f}"), fmt(m.get("verify_cost_ratio")),
+        table.add_row(Text(d), fmt(m.get("drafted_per_step")), fmt(m.get("cost_ratio"), "{:.3f}"), fmt(m.get("verify_cost_ratio")),
                       _row(m.get("per_position_acceptance")), _row(m.get("conditional_position_acceptance")),
                       _row([ratio(n, total) for n in hist]))
     return table
@@ -95,8 +102,11 @@ def _row(values) -> str:
 def token_mismatches(doc: dict) -> list[str]:
     """Greedy runs: name each prompt where a drafter emitted other tokens than the target alone."""
     lines = []
+    config = doc.get("config") or {}
+    first = policies(config)[0]
     for d in _drafters(doc):
-        bad = [r for r in doc.get("results") or [] if r.get("drafter") == d and r.get("same_tokens") is False]
+        bad = [r for r in doc.get("results") or [] if r.get("same_tokens") is False and r.get("drafter")
+               and variant_label(r["drafter"], r.get("policy") or first, first) == d]
         if bad:
             where = ", ".join(f"{r['prompt_id']} (from token {r.get('first_difference')})" for r in bad[:10])
             more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
@@ -112,7 +122,7 @@ def compare_evals(a: tuple[str, dict], b: tuple[str, dict]) -> Group:
     table = Table(title="by category: τ / speedup (mean of prompts)", title_justify="left")
     table.add_column("category")
     for side, d, _ in columns:
-        table.add_column(f"{side}: {d}", justify="right")
+        table.add_column(escape(f"{side}: {d}"), justify="right")
     categories: list[str] = []
     for _, d, doc in columns:
         categories += [c for c in doc["summary"][d].get("by_category") or {} if c not in categories]
@@ -127,7 +137,7 @@ def compare_evals(a: tuple[str, dict], b: tuple[str, dict]) -> Group:
     overall = Table(title="every prompt", title_justify="left")
     overall.add_column("")
     for side, d, _ in columns:
-        overall.add_column(f"{side}: {d}", justify="right")
+        overall.add_column(escape(f"{side}: {d}"), justify="right")
     for label, key, spec in (("acceptance rate", "acceptance_rate", "{:.1%}"), ("alpha", "alpha", "{:.3f}"),
                              ("τ", "mean_accepted_tokens", "{:.2f}"), ("tokens/s", "tokens_per_s", "{:.1f}"),
                              ("speedup, mean of prompts", "speedup_mean_of_prompts", SPEEDUP),

@@ -1,6 +1,8 @@
 """GET /metrics: Prometheus text. Names follow vLLM's where the meaning is the same (`vllm:` becomes
 `specview:`): spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens / _per_pos, prompt and
-generation tokens, requests waiting and running, request_success by finished_reason. A counter's
+generation tokens, requests waiting and running, request_success by finished_reason. The per-position
+counters count drafted positions only (a draft-length policy leaves positions past its budget undrafted),
+and spec_decode_draft_stops says why each step stopped drafting. A counter's
 exported name ends in _total. Every count is added once per step or per finished request on the engine
 thread, so the counters add up to the requests' summaries exactly."""
 
@@ -38,10 +40,21 @@ class ServeMetrics:
         self.drafts = Counter("specview:spec_decode_num_drafts", "Steps that drafted at least one token", registry=r)
         self.draft_tokens = Counter("specview:spec_decode_num_draft_tokens", "Drafted tokens", registry=r)
         self.accepted_tokens = Counter("specview:spec_decode_num_accepted_tokens", "Accepted draft tokens", registry=r)
+        # Per position, only positions actually drafted: under --draft-policy (p-min, heuristic, goodput) a step
+        # drafts fewer than K, and a position past its budget was not drafted, so not rejected either. The
+        # acceptance at a position is accepted_per_pos / draft_tokens_per_pos; vLLM's accepted_per_pos /
+        # num_drafts assumes every step drafts every position, which an adaptive policy does not.
         self.drafted_per_pos = Counter("specview:spec_decode_num_draft_tokens_per_pos",
-                                       "Drafted tokens by draft position (0 = first)", ["position"], registry=r)
+                                       "Drafted tokens by draft position (0 = first); positions a step did not "
+                                       "draft are not counted", ["position"], registry=r)
         self.accepted_per_pos = Counter("specview:spec_decode_num_accepted_tokens_per_pos",
-                                        "Accepted draft tokens by draft position (0 = first)", ["position"], registry=r)
+                                        "Accepted draft tokens by draft position (0 = first); divide by "
+                                        "spec_decode_num_draft_tokens_per_pos, not num_drafts", ["position"],
+                                        registry=r)
+        self.stopped_by = Counter("specview:spec_decode_draft_stops",
+                                  "Speculative steps by why drafting stopped: budget (the policy's budget or K was "
+                                  "drafted), p-min (a draft token below the cut-off), no-proposal (the drafter had "
+                                  "nothing more)", ["policy", "reason"], registry=r)
         self.phase_seconds = Histogram("specview:step_phase_seconds", "Time of each phase of a step",
                                        ["phase"], buckets=PHASE_BUCKETS, registry=r)
         self.latency = Histogram("specview:e2e_request_latency_seconds", "From queued to finished",
@@ -58,7 +71,9 @@ class ServeMetrics:
             self.drafts.inc()
             self.draft_tokens.inc(n)
             self.accepted_tokens.inc(step.accepted)
-        for i in range(n):
+        if step.stopped_by is not None:
+            self.stopped_by.labels(step.policy or "fixed", step.stopped_by).inc()
+        for i in range(n):  # drafted positions only: those past the step's budget were never drafted
             self.drafted_per_pos.labels(str(i)).inc()
             if i < step.accepted:
                 self.accepted_per_pos.labels(str(i)).inc()

@@ -33,9 +33,21 @@ class LiveStats:
             if figure:
                 self.tallies[role] = ForwardTally(figure["weights"], figure["kv_per_token"])
 
+    # Per position i+1 (up to the largest K asked): steps that asked for K > i but did not draft position
+    # i+1 (a policy's budget, a p-min cut, no n-gram match): not drafted, so neither accepted nor rejected.
+    undrafted: list[int] = field(default_factory=list)
+    stops: dict[str, int] = field(default_factory=dict)  # speculative steps by why drafting stopped
+    policy: str | None = None  # the draft-length policy of the last speculative step
+
     def add(self, s: StepResult) -> None:
         self.steps.append(s)
         self.counts.add(s)
+        if s.stopped_by is not None:  # a speculative step (recordings before policies have none)
+            self.policy = s.policy
+            self.stops[s.stopped_by] = self.stops.get(s.stopped_by, 0) + 1
+            self.undrafted.extend([0] * (s.k - len(self.undrafted)))
+            for i in range(len(s.drafted), s.k):
+                self.undrafted[i] += 1
         if self.tallies:  # two multiply-adds a step: the floors of its forwards
             self.tallies["target"].add(1, s.position, s.phases_ms.get("verify", 0.0))
             if s.drafted and "draft" in self.tallies and self.tallies["draft"].weights:
@@ -67,6 +79,16 @@ class LiveStats:
     def per_position(self) -> list[tuple[float | None, int]]:
         """(acceptance of position i+1, steps that drafted it)."""
         return list(zip(self.counts.per_position_acceptance, self.counts.per_position_drafted))
+
+    @property
+    def positions(self) -> list[tuple[float | None, int, int]]:
+        """(acceptance of position i+1, steps that drafted it, steps that asked for it but did not draft it),
+        up to the largest K asked: a position no step drafted has no rate, not a rate of 0."""
+        rates = self.per_position
+        n = max(len(rates), len(self.undrafted))
+        rates += [(None, 0)] * (n - len(rates))
+        undrafted = self.undrafted + [0] * (n - len(self.undrafted))
+        return [(rate, drafted, skipped) for (rate, drafted), skipped in zip(rates, undrafted)]
 
     @property
     def tokens_per_step(self) -> list[int]:

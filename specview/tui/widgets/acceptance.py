@@ -22,18 +22,31 @@ class AcceptancePanel(StatsPanel):
         out.append(pct(st.recent_rate()))
         out.append("  α ", style="dim")
         out.append(fmt(st.alpha, "{:.3f}") + "\n")
-        positions = st.per_position
-        if positions and height >= len(positions) + 5:
-            bar_width = max(5, min(20, width - 18))
-            for i, (rate, n) in enumerate(positions):
+        positions = st.positions
+        skipped = any(u for _, _, u in positions)  # a policy (or N) left positions undrafted
+        policy = st.policy not in (None, "fixed")
+        if policy:
+            out.append(policy_line(st) + "\n")
+        if positions and height >= len(positions) + 5 + policy:
+            bar_width = max(5, min(20, width - (28 if skipped else 18)))
+            for i, (rate, n, undrafted) in enumerate(positions):
                 out.append(f"pos {i + 1:<2} ", style="dim")
-                out.append(bar(rate, bar_width, "green"))
-                out.append(f" {fmt(rate, '{:>4.0%}')}", style="")
-                out.append(f" n={n}\n", style="dim")
+                out.append(bar(rate, bar_width, "green") if n else Text("·" * bar_width, style="dim"))
+                out.append(f" {fmt(rate, '{:>4.0%}', '   -')}", style="")
+                out.append(f" n={n}", style="dim")
+                if undrafted:  # asked for, not drafted: neither accepted nor rejected
+                    out.append(f" ∅{undrafted}", style="yellow")
+                out.append("\n")
+            if skipped and height >= len(positions) + 6 + policy:
+                out.append("∅ = steps that did not draft it (not rejected)\n", style="dim")
         elif positions:
             out.append("by pos ", style="dim")
-            out.append("".join(SPARKS[round((r or 0) * (len(SPARKS) - 1))] for r, _ in positions), style="green")
-            out.append(" " + " ".join(fmt(r, "{:.0%}", "-") for r, _ in positions) + "\n")
+            out.append("".join(SPARKS[round((r or 0) * (len(SPARKS) - 1))] if n else "·" for r, n, _ in positions),
+                       style="green")
+            out.append(" " + " ".join(fmt(r, "{:.0%}", "-") for r, _, _ in positions) + "\n")
+            if skipped:  # per position, the steps that asked for it and did not draft it: not rejections
+                out.append("∅ not drafted ", style="dim")
+                out.append(" ".join(str(u) for _, _, u in positions) + "\n", style="yellow")
         else:
             out.append("by pos  no steps yet\n", style="dim")
         out.append("tok/step ", style="dim")
@@ -51,3 +64,19 @@ class AcceptancePanel(StatsPanel):
             out.append(f"next K={self.k}: E {e:.2f} → theory {fmt(speed, '{:.2f}x')}", style="dim")
         out.rstrip()
         return out
+
+
+STOPS = {"budget": "budget", "p-min": "p-min", "no-proposal": "no match"}
+
+
+def policy_line(st) -> Text:
+    """The draft-length policy at work: tokens drafted per step, and why steps stopped drafting."""
+    out = Text()
+    out.append(f"{st.policy} ", style="bold")
+    out.append(f"{fmt(st.mean_k)}", style="")
+    out.append("/step", style="dim")
+    total = sum(st.stops.values())
+    if total:
+        out.append(" stop ", style="dim")
+        out.append(" ".join(f"{STOPS.get(why, why)} {n / total:.0%}" for why, n in st.stops.items()))
+    return out

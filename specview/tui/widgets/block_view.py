@@ -1,5 +1,7 @@
 """The drafted block of one step: per position token, id, q(x), p(x), p/q, r and the verdict; beside it
-the resampled token and the residual's top candidates, or the bonus token."""
+the resampled token and the residual's top candidates, or the bonus token. A step that drafted fewer than K
+(a draft-length policy's budget, a p-min cut, no n-gram match) ends in a column saying why: those positions
+were not drafted, which is not a rejection."""
 
 from __future__ import annotations
 
@@ -17,6 +19,28 @@ from specview.tui.widgets.panel import unchanged
 CELL = 9  # token text cells per position
 VERDICT = 32  # cells kept for the verdict beside the table (resampled token, residual top), padding included
 ROWS = ("token", "id", "q(x)", "p(x)", "p/q", "r", "")
+
+
+STOP_STYLE = "yellow"
+STOP_WORDS = {"budget": "budget", "p-min": "p-min", "no-proposal": "no match"}
+
+
+def stop_reason(s) -> str | None:
+    """Why a speculative step drafted fewer than K (docs/design.md §16), in words; None when it drafted all
+    K, or the record predates policies. Positions past that point were not drafted: not rejected."""
+    n = len(s.drafted)
+    if s.stopped_by is None or n >= s.k or (s.stop_reason == "eos" and s.rejected_at is None and s.bonus is None):
+        return None  # (an EOS among the accepted drafts ended the step there: the rest was never tested)
+    if s.stopped_by == "p-min":
+        cut = (s.policy or "").partition("=")[2]
+        top = f"{s.cut_q:.2f}" if s.cut_q is not None else "its top q"
+        return f"p-min: the draft's top q {top} < {cut}" if cut else "p-min cut"
+    if s.stopped_by == "no-proposal":
+        return "the drafter had nothing more to propose"
+    budget = s.budget if s.budget is not None else n
+    if s.policy in ("heuristic", "goodput"):
+        return f"{s.policy} budget {budget} of K {s.k}"
+    return f"budget {budget}: N or the context leave no more room"
 
 
 def _ratio(p: float, q: float) -> str:
@@ -54,6 +78,8 @@ class BlockView(Static):
             return
         s = view.step
         sub = f"K {s.k}" + (f" (drafted {len(s.drafted)})" if len(s.drafted) != s.k else "")
+        if s.policy and s.policy != "fixed":
+            sub += f" · {s.policy}"
         positions = self._window(s)
         if len(positions) < len(s.drafted):
             sub += f" · positions {positions[0] + 1}-{positions[-1] + 1} of {len(s.drafted)}"
@@ -92,6 +118,8 @@ class BlockView(Static):
         """The positions that fit beside the verdict; for a wide block, those up to the rejection."""
         n = len(s.drafted)
         fit = max(1, (self.size.width - VERDICT - 6) // (CELL + 1)) if self.size.width else n
+        if stop_reason(s) is not None:
+            fit = max(1, fit - 1)  # room for the column that says why drafting stopped
         if n <= fit:
             return list(range(n))
         focus = s.rejected_at if s.rejected_at is not None else n - 1
@@ -102,7 +130,12 @@ class BlockView(Static):
         s = view.step
         columns = [Column("pos", style="dim", min_width=10 if greedy else 5)]
         columns += [Column(str(i + 1), justify="right", max_width=CELL) for i in positions]
-        if not s.drafted:
+        why = stop_reason(s)
+        n = len(s.drafted)
+        if why is not None:  # the positions the step did not draft, and why (not rejected: never drafted)
+            columns.append(Column(f"{n + 1}" if s.k == n + 1 else f"{n + 1}-{s.k}", justify="right",
+                                  max_width=CELL, style=STOP_STYLE))
+        elif not s.drafted:
             columns.append(Column(""))
         table = Grid(columns, show_header=not compact)
         columns = []
@@ -127,6 +160,10 @@ class BlockView(Static):
                 Text(r),
                 Text(verdict, style=style),
             ])
+        if why is not None:
+            top = f"top {s.cut_q:.2f}" if s.stopped_by == "p-min" and s.cut_q is not None else ""
+            columns.append([Text("∅", style=STOP_STYLE), Text(""), Text(top, style=STOP_STYLE), Text(""), Text(""),
+                            Text(""), Text(f"∅ {STOP_WORDS.get(s.stopped_by, s.stopped_by)}", style=STOP_STYLE)])
         label = {"r": "r" if not greedy else "r (greedy)", "": ""}
         for row, name in enumerate(ROWS):
             if compact and name == "id":
@@ -159,6 +196,9 @@ class BlockView(Static):
             out.append("bonus ", style="dim")
             token(s.bonus, ORIGIN_STYLES["bonus"])
             out.append(f"from p at position {len(s.drafted) + 1}\n", style="dim")
+        why = stop_reason(s)
+        if why is not None:
+            out.append(f"∅ not drafted from position {len(s.drafted) + 1}: {why}\n", style=STOP_STYLE)
         if s.stop_reason:
             out.append(f"run ended: {s.stop_reason}\n", style="bold magenta")
         out.append(f"emitted {len(s.emitted)} token{'s' if len(s.emitted) != 1 else ''}", style="dim")
