@@ -99,6 +99,7 @@ def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
     compiled_ms, eager_ms = _probe_forward(lm, runner)
     choice = "compiled" if compiled_ms < GAIN * eager_ms else "eager"
     why = f"one-token forward {compiled_ms:.1f} ms compiled against {eager_ms:.1f} ms eager (probe)"
+    cached = machine.read_cached(CHOICE_FILE)  # again: one_row_kernel stored its choice since the first read
     cached[key] = {"mode": choice, "why": why, "compiled_ms": compiled_ms, "eager_ms": eager_ms,
                    "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     machine.store_cached(CHOICE_FILE, cached)
