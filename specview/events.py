@@ -40,6 +40,9 @@ class StepResult:
     position: int = 0  # tokens before this step (prompt + generated): the KV cache its forwards read
     policy: str | None = None  # the draft-length policy (policies.py) of a speculative step
     stopped_by: str | None = None  # why drafting stopped: "budget", "p-min" or "no-proposal"
+    # A token tree's step (docs/design.md §17): {"tokens", "parents", "q", "p", "r", "path", "rejected"} over
+    # every node; `drafted` .. `accepted` above keep their chain meaning along the accepted path. None: a chain.
+    tree: dict | None = None
     timing: object = field(default=None, repr=False, compare=False)  # timing.StepTiming; not in the JSON
 
     def origins(self) -> list[str]:
@@ -54,7 +57,7 @@ class StepResult:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "timing"}
         if d["drafter"] is None:
             del d["drafter"]  # only sessions with several drafters name it per step
-        for name in ("policy", "stopped_by"):
+        for name in ("policy", "stopped_by", "tree"):
             if d[name] is None:
                 del d[name]  # autoregressive steps have neither
         d["type"] = "step"

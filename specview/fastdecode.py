@@ -203,8 +203,9 @@ class FastForward:
         return StaticKV(len(self.layers), self.kv_heads, self.head_dim, self.dtype)
 
     @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, cache: StaticKV, keep: int) -> torch.Tensor:
-        """ids [rows] appended to `cache` -> logits [keep, vocab] of the last `keep` rows (0: all)."""
+    def __call__(self, ids: torch.Tensor, cache: StaticKV, keep: int, tree=None) -> torch.Tensor:
+        """ids [rows] appended to `cache` -> logits [keep, vocab] of the last `keep` rows (0: all). `tree` =
+        (positions [rows], allowed [rows, start + rows]) from trees.layout: a token tree's own positions and mask."""
         model = self.model_ref()
         rows, start = ids.numel(), cache.length
         cache.reserve(start + rows)
@@ -214,12 +215,14 @@ class FastForward:
         compiled = self.compiled and rows == 1
         fns, gemv = (self.fns, self.gemv) if compiled else (_EAGER, "packed")
         h = model.model.embed_tokens(ids)
-        positions = torch.arange(start, start + rows).unsqueeze(0)
+        positions = (torch.arange(start, start + rows) if tree is None else tree[0]).unsqueeze(0)
         cos, sin = model.model.rotary_emb(h, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, rows, d]: broadcast over heads
         end = start + rows
         # Queries see every cached position and the new rows up to their own (a causal block at the end).
         mask = None if rows == 1 else torch.ones(rows, end, dtype=torch.bool).tril(start)
+        if tree is not None and rows > 1:
+            mask = tree[1]  # a token tree: each node sees its ancestors only
         for i, w in enumerate(self.layers):
             q, k, v = fns.attn_in(h, w["norm1"], self.eps, w["qkv"], cos, sin, self.heads, self.kv_heads,
                                   self.head_dim, gemv)
