@@ -403,6 +403,15 @@ class Decision:
         self.p, self.q, self.r = values["p"], values["q"], values["r"]
         self.residual_top = [[int(i), pr] for i, pr in zip(values["top_ids"], values["top_probs"])]
 
+    @property
+    def accepted(self) -> int:
+        return len(self.path)
+
+    @accepted.setter
+    def accepted(self, n: int) -> None:
+        """A chain's count (its path is its first n nodes): what tests/test_check.py's off-by-one patches."""
+        self.path = list(range(n))
+
     @classmethod
     def from_device(cls, extra, tried, accepted, d, px, qx, r, top_ids, top_probs) -> Decision:
         parts = dict(zip(cls.FIELDS, (extra.view(1), tried, accepted, d, px, qx, r, top_ids, top_probs)))
