@@ -3,6 +3,8 @@ path (transformers' 4-D mask on GPT-2 and Llama, and fastdecode's forward); the 
 path only; greedy tree decoding equals greedy autoregressive decoding; sampled trees keep the target's exact
 law (test_lossless.py's enumeration test), and trying siblings against the unmodified p is caught."""
 
+import json
+
 import pytest
 import torch
 from test_lossless import CASES, N_TOKENS, exact_joint, tv, tv_threshold
@@ -192,3 +194,17 @@ def test_tree_specs_parse_and_refuse():
     for bad in ("x;tree:b=0", "x;tree:b=99", "x;tree:q=1", "x;forest", ";tree", "ngram;tree:d=3", "x;tree:b=2,b=3"):
         with pytest.raises(SpecviewError, match="--draft"):
             kind(bad)
+
+
+def test_run_takes_a_tree_spec_and_records_the_tree(capsys, gpt2_paths):
+    from helpers import run_cli
+
+    draft = f"{gpt2_paths[1]};tree:b=2,d=3"
+    code, out, err = run_cli(capsys, "run", "--target", gpt2_paths[0], "--draft", f"{draft},ngram;tree:b=2",
+                             "--prompt", "w1 w2 w3", "-N", "16", "--jsonl", "-", "--temperature", "0", "--ignore-eos")
+    assert code == 0, err
+    steps = [json.loads(line) for line in out.splitlines() if '"type": "step"' in line or '"type":"step"' in line]
+    trees_seen = [s["tree"] for s in steps if "tree" in s]
+    assert trees_seen and all(len(t["tokens"]) == len(t["parents"]) == len(t["q"]) == len(t["p"]) for t in trees_seen)
+    code, out, err = run_cli(capsys, "run", "--target", gpt2_paths[0], "--draft", f"{gpt2_paths[1]};tree:b=0")
+    assert code == 2 and "tree b must be" in err and len(err.strip().splitlines()) == 1
