@@ -11,7 +11,7 @@ import sys
 from specview.errors import SpecviewError
 from specview.options import build_run_parser, build_tui_parser
 
-SUBCOMMANDS = ("run", "bench", "report", "eval", "check", "serve")
+SUBCOMMANDS = ("run", "bench", "report", "eval", "check", "serve", "calibrate", "whatif")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +57,17 @@ def main(argv: list[str] | None = None) -> int:
             from specview.check import check_command
 
             return check_command(args)
+        if command == "calibrate":
+            from specview.options import build_calibrate_parser
+
+            args = build_calibrate_parser().parse_args(argv[1:])
+            from specview.calibrate import calibrate_command
+
+            return calibrate_command(args)
+        if command == "whatif":
+            from specview.whatif_command import build_whatif_parser, whatif_command
+
+            return whatif_command(build_whatif_parser().parse_args(argv[1:]))
         args = build_tui_parser().parse_args(argv)
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise SpecviewError("the TUI needs a terminal; for headless output use `specview run` (same options)")

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from specview.metrics import CostModel, best_k, break_even_cost
+from specview import machine
+from specview.metrics import CostCurve, CostModel, best_k, break_even_cost
 
-MIN_MAX_K = 8  # K tried when predicting the best one: 1 to max(8, 2 K). v is the one measured at K, and a
-# longer verify costs more, so predictions far from the measured K would overstate it.
+MIN_MAX_K = 8  # K tried when predicting the best one: 1 to max(8, 2 K). Without a cost curve v is the one
+# measured at K, and a longer verify costs more, so predictions far from the measured K would overstate it.
 CLOSE = 1.01  # predictions within 1% of each other are not worth a change
 
 
@@ -33,6 +34,7 @@ class Figures:
     draft: dict | None = None  # summary.roofline["draft"] (n-gram: 0 bytes, no forwards)
     bandwidth_gbs: float | None = None
     speculative: bool = True
+    curve: CostCurve | None = None  # this machine's cost curve (`specview calibrate`): v by K for predictions
 
     @classmethod
     def from_profile(cls, doc: dict) -> Figures:
@@ -40,14 +42,16 @@ class Figures:
         roof = s.get("roofline") or {}
         return cls(s.get("alpha"), s.get("mean_emitted_per_step"), s.get("drafted_per_step"), meta.get("k"),
                    s.get("cost_ratio"), s.get("verify_cost_ratio"), s.get("t_ar_ms"), roof.get("target"),
-                   roof.get("draft"), roof.get("bandwidth_gbs"), meta.get("method", "speculative") == "speculative")
+                   roof.get("draft"), roof.get("bandwidth_gbs"), meta.get("method", "speculative") == "speculative",
+                   machine.cached_curve(machine.profile_cost_key(meta)))
 
     @classmethod
     def from_bench(cls, doc: dict) -> Figures:
         roof = doc.get("roofline") or {}
         return cls(doc.get("alpha"), doc.get("mean_emitted_per_step"), doc.get("drafted_per_step"), doc.get("k"),
                    doc.get("cost_ratio"), doc.get("verify_cost_ratio"), doc.get("target_ms_per_token"),
-                   roof.get("target"), roof.get("draft"), roof.get("bandwidth_gbs"))
+                   roof.get("target"), roof.get("draft"), roof.get("bandwidth_gbs"), True,
+                   machine.cached_curve(machine.profile_cost_key(doc.get("meta") or {})))
 
     @property
     def ks(self) -> range:
@@ -55,7 +59,7 @@ class Figures:
 
     def model(self, **changes) -> CostModel:
         """The cost model of these figures (K = the drafts actually made), with `changes` applied."""
-        base = CostModel(self.t_ar_ms, None, None, self.c, self.v, self.e, self.k_drafted)
+        base = CostModel(self.t_ar_ms, None, None, self.c, self.v, self.e, self.k_drafted, self.curve)
         return replace(base, **changes)
 
 
@@ -97,6 +101,9 @@ def best_k_sentence(f: Figures) -> str | None:
     k, speed = best
     now = model.predicted(f.alpha, f.k)[1]
     basis = f"K from 1 to {f.ks[-1]}, E(K) from alpha {f.alpha:.3f}, c {f.c:.2f} and v {f.v:.2f} as measured"
+    if f.curve is not None:
+        basis = (f"K from 1 to {f.ks[-1]}, E(K) from alpha {f.alpha:.3f}, c {f.c:.2f} as measured, v by K from this "
+                 f"machine's cost curve ({f.curve.v(1):.2f} at K=1 to {f.curve.v(f.ks[-1]):.2f} at K={f.ks[-1]})")
     if speed <= 1:
         return (f"No K is predicted to beat plain decoding with this draft: the best, K={k}, gives {speed:.2f}x "
                 f"({basis}).")
@@ -147,7 +154,7 @@ def candidates(f: Figures) -> list[tuple[float, str]]:
         if c_floor < f.c:
             add(f"a draft running at its memory floor (c {c_floor:.2f} instead of {f.c:.2f})", replace(model, c=c_floor))
     if f.v is not None and f.v > 1:
-        add(f"a verify as cheap as a one-token forward (v 1.00 instead of {f.v:.2f})", replace(model, v=1.0))
+        add(f"a verify as cheap as a one-token forward (v 1.00 instead of {f.v:.2f})", replace(model, v=1.0, curve=None))
     if f.alpha is not None and f.alpha < 0.99:
         add(f"a draft the target always accepts (alpha 1 instead of {f.alpha:.3f})", model, alpha=1.0)
     return out

@@ -49,9 +49,11 @@ class Decoder:
         timer: PhaseTimer | None = None,
         ignore_eos: bool = False,
         policy: str = "fixed",
+        cost_curve=None,
     ):
         self.target, self.sampling, self.k = target, sampling, k
         self.policy = parse_policy(policy)  # how many of the K to draft each step (policies.py)
+        self.cost_curve = cost_curve  # metrics.CostCurve of this machine, if calibrated: goodput prices on it
         self.device = target.device
         self.placed = placed_devices(target.model)  # --device-map: every device the target's layers sit on
         fastlinear.install(target.model)  # packed-weight matmuls, switched on only inside forward()
@@ -140,7 +142,7 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def sibling_target(residual: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """The law the next sibling of a rejected node is tested against: the running residual, not the
-    target's p (multi-draft recursive rejection sampling, docs/design.md §17; testing it against p is
+    target's p (multi-draft recursive rejection sampling, docs/design.md §18; testing it against p is
     biased, and tests/test_trees.py's power test patches this function to show that it is caught)."""
     return residual
 
@@ -182,7 +184,8 @@ class Run:
         self.stop_reason: str | None = None
         self.target_cache = new_cache(decoder.target)
         self.states: dict[int, object] = {}  # id(drafter) -> its state (a KV cache), made on first use
-        self.policy = make_policy(decoder.policy)  # its state (a budget, running figures) is this run's
+        # its state (a budget, running figures) is this run's
+        self.policy = make_policy(decoder.policy, decoder.cost_curve, getattr(decoder.drafter, "spec", None))
         self._prefilled = False  # the first step() prefills, so start() is instant and interruptible
 
     @property

@@ -40,7 +40,7 @@ class StepResult:
     position: int = 0  # tokens before this step (prompt + generated): the KV cache its forwards read
     policy: str | None = None  # the draft-length policy (policies.py) of a speculative step
     stopped_by: str | None = None  # why drafting stopped: "budget", "p-min" or "no-proposal"
-    # A token tree's step (docs/design.md §17): {"tokens", "parents", "q", "p", "r", "path", "rejected"} over
+    # A token tree's step (docs/design.md §18): {"tokens", "parents", "q", "p", "r", "path", "rejected"} over
     # every node; `drafted` .. `accepted` above keep their chain meaning along the accepted path. None: a chain.
     tree: dict | None = None
     timing: object = field(default=None, repr=False, compare=False)  # timing.StepTiming; not in the JSON

@@ -9,7 +9,10 @@ layer, each a dispatch that costs microseconds whatever its size. Here a layer i
     attn_out  the output projection, residual, RMSNorm, gate/up (one fused matrix), SiLU, down, residual
 
 with the attention itself between them (the new keys and values written into a preallocated cache,
-scaled_dot_product_attention over its filled prefix). With `compile`, torch.compile (inductor) fuses
+scaled_dot_product_attention over its filled prefix). A bfloat16 or float16 model keeps that cache in
+float32 and attends in float32: torch's CPU attention in bfloat16 costs 7x as much at 256 positions
+(240 against 35 us per layer for one query, AVX-512 EPYC, torch 2.13) and grows with the context; the
+keys and values are the same numbers (a widening is exact), only the attention's rounding differs. With `compile`, torch.compile (inductor) fuses
 each function into a few C++ kernels; the same two compiled functions serve all layers (their weights
 are arguments), so a 30-layer model compiles two small graphs, not one long one, and inductor's disk
 cache makes the second start cheap. Shapes: one row (a token) and 2..K+1 rows (a verify, one graph
@@ -21,7 +24,8 @@ depends on the machine, so kernels.py probes it. Not a stock module forward, so 
 the profile records the mode, and `--compile off` gives the layernorm phase back.
 
 Supported: LlamaForCausalLM and the models built like it (Mistral, Qwen2; SmolLM2 is a Llama), in
-float32, bfloat16, float16 or with int4 layers (int4.py). Others run transformers' forward.
+float32, bfloat16, float16 or with int4 layers (int4.py); GPT-2 through fastgpt2.py (the same loop with
+GPT-2's layer functions). Others run transformers' forward.
 """
 
 from __future__ import annotations
@@ -141,6 +145,7 @@ def attn_in(h, norm_w, eps: float, qkv, cos, sin, heads: int, kv_heads: int, hea
 def attn_out(h, attn, o, norm_w, eps: float, gate_up, down, inter: int, gemv: str):
     """The rest of the layer: h + o(attn), then + down(silu(gate) * up) of its norm."""
     rows = h.shape[0]
+    attn = attn.to(h.dtype)  # back from the float32 attention of a half-precision model
     h = h + linear(attn.transpose(1, 2).reshape(rows, -1), o, gemv)
     x = rms_norm(h, norm_w, eps)
     if gate_up[0] == "fused":
@@ -160,18 +165,59 @@ class FastForward:
 
     def __init__(self, model, compiled: bool, gemv: str = "mm"):
         self.model_ref = weakref.ref(model)
+        self._read_config(model)
+        self.scale = self.head_dim ** -0.5
+        self.dtype = model.get_input_embeddings().weight.dtype
+        # the attention's dtype: half-precision attention is slow on CPU (module docstring)
+        self.kv_dtype = torch.float32 if self.dtype in (torch.bfloat16, torch.float16) else self.dtype
+        self.gemv, self.compiled = gemv, compiled
+        self._gather_model(model)
+        from specview import compiler
+
+        # "aot": built ahead of time for this model; "dynamo": torch.compile; "eager": these functions as they are
+        self.backend = ("aot" if compiler.aot_enabled() else "dynamo") if compiled else "eager"
+        self.fns = _functions(self.backend, self._eager_functions())
+
+    # ---- what a family defines (Llama here; fastgpt2.py for GPT-2) ----
+
+    def _read_config(self, model) -> None:
         cfg = model.config
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.inter = cfg.intermediate_size
         self.eps = cfg.rms_norm_eps
-        self.scale = self.head_dim ** -0.5
-        self.dtype = model.model.embed_tokens.weight.dtype
-        self.gemv, self.compiled = gemv, compiled
+
+    def _gather_model(self, model) -> None:
         self.layers = [self._gather(layer) for layer in model.model.layers]
         self.final_norm = model.model.norm.weight
         self.lm_head = _weight(model.lm_head)
-        self.fns = _functions(compiled)
+
+    def _eager_functions(self) -> _Fns:
+        return _EAGER
+
+    def _embed(self, model, ids: torch.Tensor, positions: torch.Tensor):
+        """ids, their positions [rows] -> (h [rows, hidden], what every layer's attn_in needs besides its weights:
+        the rotary cos, sin)."""
+        h = model.model.embed_tokens(ids)
+        cos, sin = model.model.rotary_emb(h, positions.unsqueeze(0))
+        return h, (cos.unsqueeze(1), sin.unsqueeze(1))  # [1, 1, rows, d]: broadcast over heads
+
+    def _layer_in(self, fns, h, w, positional, gemv):
+        cos, sin = positional
+        return fns.attn_in(h, w["norm1"], self.eps, w["qkv"], cos, sin, self.heads, self.kv_heads, self.head_dim,
+                           gemv)
+
+    def _layer_out(self, fns, h, attn, w, gemv):
+        return fns.attn_out(h, attn, w["o"], w["norm2"], self.eps, w["gate_up"], w["down"], self.inter, gemv)
+
+    def _head(self, fns, h, gemv):
+        return fns.head(h, self.final_norm, self.eps, self.lm_head, gemv)
+
+    def _named_pieces(self) -> dict:
+        """piece -> ("fused" | "split", weight...) as _fuse gives them; a single matrix is ("fused", w)."""
+        layer = self.layers[0]
+        return {"qkv": layer["qkv"], "o": ("fused", layer["o"]), "gate_up": layer["gate_up"],
+                "down": ("fused", layer["down"]), "head": ("fused", self.lm_head)}
 
     def _gather(self, layer) -> dict:
         attn, mlp = layer.self_attn, layer.mlp
@@ -183,9 +229,7 @@ class FastForward:
 
     def pieces(self) -> dict:
         """What runs each weight matrix (layer 0's stand for every layer's): for --verbose, profiles, report."""
-        layer = self.layers[0]
-        named = {"qkv": layer["qkv"], "o": ("fused", layer["o"]), "gate_up": layer["gate_up"],
-                 "down": ("fused", layer["down"]), "head": ("fused", self.lm_head)}
+        named = self._named_pieces()
         out = {}
         for name, group in named.items():
             w = group[1]
@@ -200,7 +244,7 @@ class FastForward:
         return out
 
     def new_cache(self) -> StaticKV:
-        return StaticKV(len(self.layers), self.kv_heads, self.head_dim, self.dtype)
+        return StaticKV(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype)
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: StaticKV, keep: int, tree=None) -> torch.Tensor:
@@ -213,29 +257,26 @@ class FastForward:
         # functions eagerly on the packed weights: oneDNN's kernel cannot sit inside an inductor graph whose
         # weights are arguments, and one-row graphs are where the dispatch overhead weighs most.
         compiled = self.compiled and rows == 1
-        fns, gemv = (self.fns, self.gemv) if compiled else (_EAGER, "packed")
-        h = model.model.embed_tokens(ids)
-        positions = (torch.arange(start, start + rows) if tree is None else tree[0]).unsqueeze(0)
-        cos, sin = model.model.rotary_emb(h, positions)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, rows, d]: broadcast over heads
+        fns, gemv = (self.fns, self.gemv) if compiled else (self._eager_functions(), "packed")
+        positions = torch.arange(start, start + rows) if tree is None else tree[0]
+        h, positional = self._embed(model, ids, positions)
         end = start + rows
         # Queries see every cached position and the new rows up to their own (a causal block at the end).
         mask = None if rows == 1 else torch.ones(rows, end, dtype=torch.bool).tril(start)
         if tree is not None and rows > 1:
             mask = tree[1]  # a token tree: each node sees its ancestors only
         for i, w in enumerate(self.layers):
-            q, k, v = fns.attn_in(h, w["norm1"], self.eps, w["qkv"], cos, sin, self.heads, self.kv_heads,
-                                  self.head_dim, gemv)
+            q, k, v = self._layer_in(fns, h, w, positional, gemv)
             cache.keys[i][:, :, start:end] = k
             cache.values[i][:, :, start:end] = v
-            attn = F.scaled_dot_product_attention(q, cache.keys[i][:, :, :end], cache.values[i][:, :, :end],
-                                                  attn_mask=mask, scale=self.scale,
+            attn = F.scaled_dot_product_attention(q.to(self.kv_dtype), cache.keys[i][:, :, :end],
+                                                  cache.values[i][:, :, :end], attn_mask=mask, scale=self.scale,
                                                   enable_gqa=self.heads != self.kv_heads)
-            h = fns.attn_out(h, attn, w["o"], w["norm2"], self.eps, w["gate_up"], w["down"], self.inter, gemv)
+            h = self._layer_out(fns, h, attn, w, gemv)
         cache.length = end
         if keep:
             h = h[-keep:]
-        return fns.head(h, self.final_norm, self.eps, self.lm_head, gemv)
+        return self._head(fns, h, gemv)
 
 
 def _weight(module):
@@ -285,19 +326,22 @@ class _Fns:
 
 
 _EAGER = _Fns(attn_in, attn_out, head)
-_COMPILED: _Fns | None = None
+_COMPILED: dict = {}  # id of a family's eager functions -> their torch.compile'd versions
 
 
-def _functions(compiled: bool) -> _Fns:
-    """The eager functions, or their compiled versions (made once per process, shared by every model)."""
-    global _COMPILED
-    if not compiled:
-        return _EAGER
-    if _COMPILED is None:
-        from specview import compiler
+def _functions(backend: str, eager: _Fns) -> _Fns:
+    """A family's eager functions, or their compiled versions: built ahead of time for this model (compiler.py's
+    AotFunction: one signature each), or torch.compile's (made once per process, shared by every model)."""
+    if backend == "eager":
+        return eager
+    from specview import compiler
 
-        _COMPILED = _Fns(*(compiler.compile_fn(fn) for fn in (attn_in, attn_out, head)))
-    return _COMPILED
+    functions = (eager.attn_in, eager.attn_out, eager.head)
+    if backend == "aot":
+        return _Fns(*(compiler.AotFunction(fn) for fn in functions))
+    if id(eager) not in _COMPILED:
+        _COMPILED[id(eager)] = _Fns(*(compiler.compile_fn(fn) for fn in functions))
+    return _COMPILED[id(eager)]
 
 
 # ---- which models run it ----
@@ -305,10 +349,11 @@ def _functions(compiled: bool) -> _Fns:
 _runners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> FastForward
 
 
-def install(model, compiled: bool, gemv: str = "mm") -> FastForward:
+def install(model, compiled: bool, gemv: str = "mm", family: type = FastForward) -> FastForward:
+    """Run `model`'s forwards through `family` (FastForward for the Llama family, fastgpt2.GPT2Forward)."""
     runner = _runners.get(model)
-    if runner is None or runner.compiled != compiled or runner.gemv != gemv:
-        runner = _runners[model] = FastForward(model, compiled, gemv)
+    if runner is None or runner.compiled != compiled or runner.gemv != gemv or type(runner) is not family:
+        runner = _runners[model] = family(model, compiled, gemv)
     return runner
 
 

@@ -3,7 +3,9 @@
 `--compile auto|on|off` (Settings.compile):
 
     off   transformers' own forward (fastlinear's packed matmuls inside it); every norm hook fires
-    on    fastdecode's forward, one-row steps compiled with inductor (an error where it cannot run)
+    on    fastdecode's forward, one-row steps compiled with inductor (an error where it cannot run): built
+          ahead of time into packages a later start loads in milliseconds (compiler.AotFunction), or by
+          torch.compile with SPECVIEW_AOT=0
     auto  `on` where the model can run it and a probe on this machine finds it faster, else `off`
 
 Per piece (each distinct weight matrix of the fast forward: the fused q/k/v, o, the fused gate/up, down,
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specview import compiler, fastdecode, machine
+from specview import compiler, fastdecode, fastgpt2, machine
 from specview.errors import SpecviewError
 
 MODES = ("auto", "on", "off")
@@ -51,9 +53,10 @@ class ForwardChoice:
 def _key(model, what: str) -> str:
     cfg = model.config
     shape = f"{cfg.model_type} h{cfg.hidden_size} L{cfg.num_hidden_layers} v{cfg.vocab_size}"
-    dtype = str(model.model.embed_tokens.weight.dtype).removeprefix("torch.")
+    dtype = str(model.get_input_embeddings().weight.dtype).removeprefix("torch.")
     int4 = any(type(m).__name__ == "Int4Linear" for m in model.modules())
-    return (f"{machine.host_key()}/torch {torch.__version__}/threads={torch.get_num_threads()}/{what}/"
+    backend = "aot" if compiler.aot_enabled() else "dynamo"
+    return (f"{machine.host_key()}/torch {torch.__version__}/threads={torch.get_num_threads()}/{what}/{backend}/"
             f"{shape}/{dtype}{'+int4' if int4 else ''}")
 
 
@@ -67,7 +70,8 @@ def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
         return ForwardChoice("eager", "--compile off")
     if mode == "auto" and os.environ.get("SPECVIEW_COMPILE") == "0":  # the test suite's default: see conftest
         return ForwardChoice("eager", "SPECVIEW_COMPILE=0")
-    reason = fastdecode.unsupported_reason(model) or compiler.unavailable_reason()
+    family, reason = _family(model)
+    reason = reason or compiler.unavailable_reason()
     if reason:
         if mode == "on":
             raise SpecviewError(f"--compile on: {lm.spec} cannot run compiled here: {reason} (use --compile auto or off)")
@@ -78,16 +82,20 @@ def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
     if mode == "auto" and decided and decided.get("mode") == "eager":
         return ForwardChoice("eager", decided.get("why", "a probe found it no faster compiled"))
     gemv = one_row_kernel(model, say)
-    say(f"compiling {lm.spec}'s one-row forward (inductor; cached on disk after the first time)")
+    if compiler.aot_enabled():
+        say(f"loading {lm.spec}'s one-row forward (the first time on a machine, it is built: about 10 s a function)")
+    else:
+        say(f"compiling {lm.spec}'s one-row forward (inductor; cached on disk after the first time)")
     t0 = time.perf_counter()
-    runner = fastdecode.install(model, compiled=True, gemv=gemv)
+    runner = fastdecode.install(model, compiled=True, gemv=gemv, family=family)
     _warm(runner)
     compile_s = time.perf_counter() - t0
     pieces = runner.pieces()
+    how = _how_built(runner)
     if mode == "on":
-        return ForwardChoice("compiled", "--compile on", pieces, compile_s)
+        return ForwardChoice("compiled", f"--compile on; {how}", pieces, compile_s)
     if decided and decided.get("mode") == "compiled":
-        return ForwardChoice("compiled", decided.get("why", ""), pieces, compile_s)
+        return ForwardChoice("compiled", f"{decided.get('why', '')}; {how}", pieces, compile_s)
     compiled_ms, eager_ms = _probe_forward(lm, runner)
     choice = "compiled" if compiled_ms < GAIN * eager_ms else "eager"
     why = f"one-token forward {compiled_ms:.1f} ms compiled against {eager_ms:.1f} ms eager (probe)"
@@ -97,7 +105,25 @@ def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
     if choice == "eager":
         fastdecode.uninstall(model)
         return ForwardChoice("eager", why)
-    return ForwardChoice("compiled", why, pieces, compile_s)
+    return ForwardChoice("compiled", f"{why}; {how}", pieces, compile_s)
+
+
+def _family(model) -> tuple[type, str | None]:
+    """The fast forward's class for this model's family, and None or why the model cannot run it."""
+    if getattr(model.config, "model_type", None) == "gpt2":
+        return fastgpt2.GPT2Forward, fastgpt2.unsupported_reason(model)
+    reason = fastdecode.unsupported_reason(model)
+    if reason and reason.startswith("model type"):
+        reason = f"{reason} or gpt2"
+    return fastdecode.FastForward, reason
+
+
+def _how_built(runner) -> str:
+    """'built ahead of time (loaded)' / '(built in 31.0 s)', or 'torch.compile': for --verbose and the profile."""
+    if runner.backend != "aot":
+        return "torch.compile"
+    states = sorted({fn.built for fn in (runner.fns.attn_in, runner.fns.attn_out, runner.fns.head) if fn.built})
+    return f"built ahead of time ({', '.join(states) or 'not yet run'})"
 
 
 def _warm(runner) -> None:

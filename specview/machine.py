@@ -76,3 +76,29 @@ def store_cached(name: str, data: dict) -> None:
         write_json_atomic(path, data, indent=1)
     except OSError:
         pass  # best effort: the figure is still right, the next start measures again
+
+
+COSTS_FILE = "costs.json"  # `specview calibrate`'s cost curves (metrics.CostCurve), beside bandwidth.json
+
+
+def cost_key(target: str, threads: int, torch_version: str, mode: str | None) -> str:
+    """A cost curve holds for one machine, torch, thread count, target model and forward (compiled or not)."""
+    return f"{host_key()}/torch {torch_version}/threads={threads}/{target}/{mode or 'eager'}"
+
+
+def profile_cost_key(meta: dict) -> str | None:
+    """The cost key of the machine and settings a profile (or bench file) was measured with, or None when it
+    was measured on another machine: its curve is not this machine's to give."""
+    if meta.get("cpu") != cpu_summary() or meta.get("host", platform.node()) != platform.node():
+        return None
+    target = meta.get("target") or (meta.get("config") or {}).get("target")  # a bench file's meta: in config
+    mode = ((meta.get("forwards") or {}).get(target) or {}).get("mode")
+    return cost_key(str(target), meta.get("threads"), (meta.get("versions") or {}).get("torch"), mode)
+
+
+def cached_curve(key: str | None):
+    """The metrics.CostCurve kept for this key, or None (never calibrated here, or a damaged entry)."""
+    from specview.metrics import CostCurve
+
+    entry = read_cached(COSTS_FILE).get(key) if key else None
+    return CostCurve.from_json(entry.get("curve") or {}) if isinstance(entry, dict) else None

@@ -134,6 +134,12 @@ class CostModel:
     v: float | None  # verify cost ratio: verify_ms / t_ar (about 1.2 to 1.6 on a CPU, not 1)
     e: float | None  # tokens emitted per target forward (measured E)
     k: float | None  # drafts actually made per step (K, fewer near N or the context end)
+    curve: CostCurve | None = None  # measured on this machine (`specview calibrate`): v by K instead of one v
+
+    def v_at(self, k: float) -> float | None:
+        """The verify cost ratio of a step drafting k tokens: from the measured curve when there is one
+        (a verify of k + 1 rows against one row), else the one v measured at the run's K."""
+        return self.curve.v(k) if self.curve is not None else self.v
 
     @property
     def ideal_speedup(self) -> float | None:
@@ -148,7 +154,84 @@ class CostModel:
     def predicted(self, alpha: float | None, k: int) -> tuple[float | None, float | None]:
         """(E(K), E(K) / (K c + v)) for K drafts per step at this alpha, c and v."""
         e_k = expected_tokens_per_step(alpha, k) if alpha is not None else None
-        return e_k, speedup(e_k, k, self.c, self.v)
+        return e_k, speedup(e_k, k, self.c, self.v_at(k))
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """The target's forward time by rows fed (a verify of K drafts feeds K + 1) and each drafter's time per
+    drafted token, measured on one machine by `specview calibrate` (docs/design.md "Cost curves").
+
+    Fit, and why this shape: at batch size 1 a forward reads every weight once whatever the rows, so its
+    time is a fixed part (bytes / bandwidth, plus the dispatch of its operators) and a part that grows with
+    the rows (the arithmetic, attention over the rows). Measured on the bundled model the one-row forward
+    runs another path (the compiled one-row kernels, fastdecode) than several rows (oneDNN's packed
+    matmuls), so ONE line from 1 to 2K + 1 rows misses both: the curve keeps the one-row time as measured
+    and fits overhead + slope x rows to the several-row times (least squares, rows >= 2)."""
+
+    rows: tuple[int, ...]  # rows fed, 1 .. 2K + 1
+    ms: tuple[float, ...]  # target forward time at each (lower quartile of the rounds)
+    intercept_ms: float  # fit over rows >= 2: the fixed part of a several-row forward
+    slope_ms: float  # ... and the time each further row adds
+    draft_ms: dict = field(default_factory=dict)  # drafter spec -> ms per drafted token
+    floor_ms: float | None = None  # bytes / bandwidth of the target's forward (roofline): part of the intercept
+    rmse_ms: float | None = None  # of the fit, over the rows it covers
+
+    @property
+    def t_ar_ms(self) -> float:
+        return self.target_ms(1)
+
+    def target_ms(self, rows: float) -> float:
+        """Target forward time for `rows` rows: one row as measured, more from the fit."""
+        if rows <= 1 and 1 in self.rows:
+            return self.ms[self.rows.index(1)]
+        return self.intercept_ms + self.slope_ms * rows
+
+    def v(self, k: float) -> float:
+        """Verify cost ratio of a K-draft step: target time for k + 1 rows / one row."""
+        return self.target_ms(k + 1) / self.t_ar_ms
+
+    def c(self, spec: str | None) -> float | None:
+        return ratio(self.draft_ms.get(spec), self.t_ar_ms) if spec is not None else None
+
+    def to_json(self) -> dict:
+        return {"rows": list(self.rows), "ms": list(self.ms), "intercept_ms": self.intercept_ms,
+                "slope_ms": self.slope_ms, "draft_ms": dict(self.draft_ms), "floor_ms": self.floor_ms,
+                "rmse_ms": self.rmse_ms}
+
+    @classmethod
+    def from_json(cls, d: dict) -> CostCurve | None:
+        """None for anything that is not a curve (a damaged cache entry is measured again)."""
+        try:
+            rows, ms = tuple(int(r) for r in d["rows"]), tuple(float(x) for x in d["ms"])
+            curve = cls(rows, ms, float(d["intercept_ms"]), float(d["slope_ms"]),
+                        {str(k): float(v) for k, v in (d.get("draft_ms") or {}).items()},
+                        d.get("floor_ms"), d.get("rmse_ms"))
+        except (KeyError, TypeError, ValueError):
+            return None
+        return curve if rows and len(rows) == len(ms) and curve.t_ar_ms > 0 else None
+
+
+def fit_cost_curve(rows: list[int], ms: list[float], draft_ms: dict | None = None,
+                   floor_ms: float | None = None) -> CostCurve:
+    """The curve through measured (rows, ms): one row as measured, a least-squares line over rows >= 2
+    (all rows when fewer than two of them are >= 2)."""
+    pairs = sorted(zip(rows, ms))
+    several = [(r, t) for r, t in pairs if r >= 2]
+    a, b, rmse = fit_line(*zip(*(several if len(several) >= 2 else pairs)))
+    return CostCurve(tuple(r for r, _ in pairs), tuple(t for _, t in pairs), a, b, dict(draft_ms or {}),
+                     floor_ms, rmse)
+
+
+def fit_line(xs, ys) -> tuple[float, float, float]:
+    """(intercept, slope, rmse) of the least-squares line through the points (a flat line through one)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    intercept = my - slope * mx
+    rmse = (sum((intercept + slope * x - y) ** 2 for x, y in zip(xs, ys)) / n) ** 0.5
+    return intercept, slope, rmse
 
 
 def break_even_cost(e: float | None, v: float | None, k: float | None) -> float | None:

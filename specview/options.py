@@ -109,6 +109,8 @@ commands:
   specview report FILE [B]    render a profile, bench or eval file; with two, compare them
   specview eval [OPTIONS]     a prompt set through autoregressive and each drafter, per category
   specview check [OPTIONS]    is this pair's output the target's? (greedy + distribution test)
+  specview calibrate [OPTS]   this machine's cost curve: target ms by rows, draft ms per token
+  specview whatif PROFILE     replay a profile recorded with --record-dists at other K, policies, drafters
   specview serve [OPTIONS]    the engine behind HTTP (POST /generate, SSE streams, /metrics)
   specview --attach URL       the TUI on a running `specview serve`
 
@@ -149,6 +151,10 @@ def build_run_parser() -> Parser:
                         "slows the run; implies --profile)")
     g.add_argument("--py-spy", action="store_true",
                    help="also sample the process with py-spy (speedscope file beside the profile; implies --profile)")
+    g.add_argument("--record-dists", action="store_true",
+                   help="also keep, beside the profile (<stem>.dists.json.gz), the target's and each drafter's "
+                        "distribution along the emitted text, for `specview whatif` (one forward per model after "
+                        "the run; implies --profile)")
     g.add_argument("--quiet", "-q", action="store_true", help="no token stream, only the summary")
     return p
 
@@ -171,4 +177,20 @@ def build_check_parser() -> Parser:
     g.add_argument("--threshold", default=0.001, type=number_type(float, "--threshold", lambda v: 0 < v < 1, "in (0, 1)"),
                    help="the distribution test fails when its p-value is below this (default 0.001: a correct "
                         "engine fails 1 check in 1000)")
+    return p
+
+
+def build_calibrate_parser():
+    p = Parser(prog="specview calibrate",
+               description="Measure this machine's cost curve: the target's forward time by rows (1 to 2K+1) and "
+                           "each drafter's time per drafted token, fitted and kept per machine; diagnosis, "
+                           "report, bench and whatif then predict with it.",
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    add_run_options(p)
+    g = p.add_argument_group("calibrate")
+    g.add_argument("--repeats", default=9, type=number_type(int, "--repeats", lambda v: v >= 1, ">= 1"),
+                   help="timed rounds, interleaving every row count (default 9; lower quartiles)")
+    g.add_argument("--max-rows", default=None, type=number_type(int, "--max-rows", lambda v: v >= 2, ">= 2"),
+                   help="rows up to this (default 2 max(K, 8) + 1)")
+    g.add_argument("--no-plot", action="store_true", help="no terminal plot")
     return p

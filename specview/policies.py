@@ -43,14 +43,16 @@ def parse_policy(text: str) -> str:
     raise SpecviewError(f"--draft-policy {text!r}: use fixed, p-min=X (0 < X < 1), heuristic or goodput")
 
 
-def make_policy(spec: str) -> Policy:
+def make_policy(spec: str, curve=None, drafter: str | None = None) -> Policy:
+    """`curve` (metrics.CostCurve, this machine's: `specview calibrate`) and the drafter's spec let goodput
+    price a budget from the start on measured costs instead of the run's running medians."""
     spec = parse_policy(spec)
     if spec == "fixed":
         return Policy(spec)
     if spec == "heuristic":
         return Heuristic(spec)
     if spec == "goodput":
-        return Goodput(spec)
+        return Goodput(spec, curve, drafter)
     return PMin(spec, float(spec.partition("=")[2]))
 
 
@@ -114,21 +116,26 @@ class Goodput(Policy):
         E(b) = 1 + sum_{j=1..b} prod_{i<=j} a_i      (a_i: P(accept i | accepted i-1), Laplace-smoothed)
         time(b) = b * draft_ms + verify_ms(b + 1)    (draft ms per token; verify ms by rows, interpolated)
 
-    and the budget with the most E(b) / time(b). Until it has seen drafts it drafts K (it has to measure)."""
+    and the budget with the most E(b) / time(b). Until it has seen drafts it drafts K (it has to measure),
+    and acceptance. With this machine's cost curve verify_ms(rows) is the curve's and draft_ms the drafter's
+    measured cost per token: no running medians, so the choice is the same on a busy and a quiet moment."""
 
     PRIOR = (1.0, 1.0)  # Laplace: one accept and one reject per position before any evidence
 
-    def __init__(self, spec: str):
+    def __init__(self, spec: str, curve=None, drafter: str | None = None):
         super().__init__(spec)
+        self.curve = curve
+        self.curve_draft_ms = curve.draft_ms.get(drafter) if curve is not None and drafter else None
         self.tried: list[int] = []  # per position: steps that drafted it with every earlier one accepted
         self.passed: list[int] = []
         self.draft_ms: list[float] = []  # per drafted token
         self.verify_ms: dict[int, list[float]] = {}  # rows -> verify times
 
     def budget(self, k: int) -> int:
-        if not self.draft_ms or not self.verify_ms:
-            return k
-        draft = sorted(self.draft_ms)[len(self.draft_ms) // 2]
+        on_curve = self.curve_draft_ms is not None
+        if not self.tried or (not on_curve and (not self.draft_ms or not self.verify_ms)):
+            return k  # no acceptance seen yet (or no costs): draft K to measure
+        draft = self.curve_draft_ms if on_curve else sorted(self.draft_ms)[len(self.draft_ms) // 2]
         best, best_rate = k, -1.0
         for b in range(0, k + 1):
             expected, chain = 1.0, 1.0
@@ -146,7 +153,10 @@ class Goodput(Policy):
         return best
 
     def _verify(self, rows: int) -> float:
-        """Median verify ms at `rows`, else linear in rows between (or beyond) the nearest measured ones."""
+        """The curve's verify ms at `rows`; without one the median measured at `rows`, else linear in rows
+        between (or beyond) the nearest measured ones."""
+        if self.curve_draft_ms is not None:
+            return self.curve.target_ms(rows)
         medians = {r: sorted(t)[len(t) // 2] for r, t in self.verify_ms.items()}
         if rows in medians:
             return medians[rows]

@@ -87,7 +87,8 @@ def run_command(args) -> int:
     console = Console(stderr=to_stdout, highlight=False)
     err_console = Console(stderr=True)
     method = args.method
-    profiling = bool(args.profile or args.profile_dir or args.profile_ops or args.py_spy)
+    record_dists = bool(getattr(args, "record_dists", False))
+    profiling = bool(args.profile or args.profile_dir or args.profile_ops or args.py_spy or record_dists)
     if args.profile_ops and settings.compile == "auto":
         settings.compile = "off"  # every operator by name, the norms and softmax among them, not fused kernels
     # Before loading: a bad path fails in a second, not after the models load.
@@ -123,6 +124,7 @@ def run_command(args) -> int:
         if not args.quiet:
             console.print(_legend(method))
         summaries: list[RunSummary] = []
+        recorded: list[tuple] = []  # (run, prompt, generated, its steps) for --record-dists
         finished = False  # False in `finally`: an exception (a second Ctrl-C, a crash) cut the runs short
         try:
             for _ in range(args.num_runs):
@@ -142,10 +144,14 @@ def run_command(args) -> int:
                         console.print(_colour(step, method), end="")
                 if not run.done:
                     run.summary.stop_reason = "interrupted"
+                recorded.append((run.summary.run, list(session.prompt_ids), list(run.generated),
+                                 [r for r in recorder.steps if r.get("run") == run.summary.run] if recorder else None))
                 run.summary.text = session.target.tokenizer.decode(run.generated)
                 if not args.quiet:
                     console.print()
                 jsonl.write(run.summary.to_json())
+            if record_dists and not stop:
+                _record_dists(session, recorder, recorded, err_console)
             finished = True
         finally:
             jsonl.close()
@@ -158,6 +164,20 @@ def run_command(args) -> int:
         print(f"specview run: error: {save_error}", file=sys.stderr)
         return 2
     return 130 if stop else 0
+
+
+def _record_dists(session, recorder, recorded, err_console: Console) -> None:
+    """The distributions along the runs' text, beside the profile; the profile's meta names the file."""
+    import os
+
+    from specview.profiling.dists import record_dists
+
+    path = recorder.stem + ".dists.json.gz"
+    info = record_dists(session, recorded, path, os.path.basename(recorder.path))
+    recorder.meta["files"]["dists"] = info["file"]
+    recorder.meta["dists"] = info
+    err_console.print(f"distributions written: {path} ({info['bytes'] / 1000:.0f} kB, "
+                      f"{(info['bytes_per_1000_tokens'] or 0) / 1000:.0f} kB per 1000 tokens)", soft_wrap=True)
 
 
 def _save_profile(recorder, summaries, interrupted: bool, err_console: Console) -> str | None:

@@ -12,6 +12,7 @@ commands (stdin)                      records (stdout)
   {"cmd": "new_run", "k": 4}            {"type": "run", "run": 1}
   {"cmd": "next_drafter"}               {"type": "drafter", "spec": ..}
   {"cmd": "save", "final": false}       {"type": "saved", "path": ..}
+  {"cmd": "whatif"}                     {"type": "whatif", "figures": {specview.whatif/1} | null}  (docs/design.md §17)
   {"cmd": "quit"}                       (saves like final, then exits 0)
   any failure                           {"type": "error", "message": "one line", "fatal": bool}
   (a line that is not such a command: not JSON, not an object, an unknown cmd, a k that is not an integer,
@@ -32,7 +33,7 @@ from specview.backend.views import step_record
 from specview.errors import SpecviewError, quoted
 from specview.settings import Settings
 
-COMMANDS = ("load", "step", "new_run", "next_drafter", "save", "quit")
+COMMANDS = ("load", "step", "new_run", "next_drafter", "save", "quit", "whatif")
 
 
 class Service:
@@ -52,7 +53,7 @@ class Service:
         name = command.get("cmd")
         if name not in COMMANDS:
             raise SpecviewError(f"unknown command {quoted(str(name))}")
-        if not self.loaded and name in ("step", "new_run", "next_drafter"):
+        if not self.loaded and name in ("step", "new_run", "next_drafter", "whatif"):
             raise SpecviewError(f"{name} before load")
         if self.loaded and name == "load":
             raise SpecviewError("already loaded")
@@ -73,6 +74,8 @@ class Service:
             self.send({"type": "run", "run": self.backend.new_run().index})
         elif name == "next_drafter":
             self.send({"type": "drafter", "spec": self.backend.next_drafter()})
+        elif name == "whatif":
+            self.send({"type": "whatif", "figures": self.backend.whatif()})
         elif name in ("save", "quit"):
             final = name == "quit" or bool(command.get("final"))
             self.send({"type": "saved", "path": self.backend.save(final=final)})

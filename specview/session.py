@@ -45,7 +45,14 @@ class Session:
         drafter = (drafter or (self.drafters[0] if self.drafters else None)) if method == "speculative" else None
         target = self.draft if method == "draft_autoregressive" else self.target
         return Decoder(target, drafter, s.sampling, k=s.k, seed=s.seed,
-                       timer=timer or PhaseTimer(self.device), ignore_eos=s.ignore_eos, policy=s.draft_policy)
+                       timer=timer or PhaseTimer(self.device), ignore_eos=s.ignore_eos, policy=s.draft_policy,
+                       cost_curve=self.cost_curve() if s.draft_policy == "goodput" else None)
+
+    def cost_curve(self):
+        """This machine's cost curve for the target (`specview calibrate`), or None."""
+        mode = (self.forwards.get(self.settings.target) or {}).get("mode")
+        return machine.cached_curve(machine.cost_key(self.settings.target, torch.get_num_threads(),
+                                                     torch.__version__, mode))
 
     def meta(self) -> dict:
         """Config, seed, versions, device, cpu, threads: what a profile or bench file records."""
@@ -64,6 +71,7 @@ class Session:
             "drafter": ",".join(d.spec for d in self.drafters) or None,  # DESIGN "Drafters": the spec
             "forwards": self.forwards,  # per model: compiled or eager, and the kernel of each piece
             "cpu_flags": machine.cpu_flags(),
+            "host": platform.node(),  # with cpu: whose cost curve (machine.profile_cost_key) fits this file
             "prompt_ids": self.prompt_ids,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }

@@ -8,6 +8,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # --compile auto runs transformers' forward in tests (no inductor build per tiny model shape); the tests of
 # the compiled path ask for it with compile="on" / --compile on (tests/test_compiled.py, test_lossless.py).
 os.environ["SPECVIEW_COMPILE"] = "0"
+# The compiled path runs through torch.compile here: an ahead-of-time package costs ~10-25 s to build per
+# function and tiny shape. tests/test_compiled.py builds one model's packages and checks them.
+os.environ["SPECVIEW_AOT"] = "0"
 # The converted-weights cache (specview/weights_cache.py) of a test session lives in a temp folder:
 # tests never read or fill the user's ~/.cache/specview (the bundled model is converted once per session).
 os.environ["SPECVIEW_CACHE_DIR"] = tempfile.mkdtemp(prefix="specview-test-cache-")

@@ -12,7 +12,7 @@ import torch
 from test_lossless import CASES, drafter_counts, exact_joint, tv, tv_threshold
 
 import specview.engine as engine
-from specview import compiler, fastdecode, kernels
+from specview import compiler, fastdecode, fastgpt2, kernels
 from specview.engine import Decoder
 from specview.errors import SpecviewError
 from specview.int4 import int4_copy
@@ -132,14 +132,70 @@ def test_compiled_law_test_has_power(compiled_pair, monkeypatch):
     assert tv(counts, exact) > tv_threshold(exact)
 
 
-def test_compile_on_refuses_a_family_it_does_not_run(small_vocab_pair, monkeypatch):
+@needs_compiler
+def test_ahead_of_time_packages_compute_the_same_and_a_second_model_loads_them(small_llama_pair, monkeypatch):
+    """The default compiled backend (compiler.AotFunction): the one-row functions exported and built once for
+    this model's shapes, then loaded from the package cache by the next runner, with the same numbers."""
+    target, _ = small_llama_pair
+    monkeypatch.setenv("SPECVIEW_AOT", "1")
+    first = fastdecode.FastForward(target.model, compiled=True, gemv="reduce")
+    assert first.backend == "aot"
+    ids = PROMPT + [2]  # a prefill of 4, then three one-row steps: each compiled function runs 3 times
+    got = fast_logits(first, ids, splits=(4, 1, 1, 1))
+    assert torch.allclose(got, hf_logits(target, ids), atol=1e-4)
+    assert all(fn.built.startswith("built in") for fn in (first.fns.attn_in, first.fns.attn_out, first.fns.head))
+    second = fastdecode.FastForward(target.model, compiled=True, gemv="reduce")
+    assert torch.equal(fast_logits(second, ids, splits=(4, 1, 1, 1)), got)
+    assert {fn.built for fn in (second.fns.attn_in, second.fns.attn_out, second.fns.head)} == {"loaded"}
+
+
+def test_compile_on_refuses_what_it_does_not_run(small_vocab_pair, monkeypatch):
     gpt2, _ = small_vocab_pair
+    model = copy.deepcopy(gpt2.model)
+    model.config.activation_function = "relu"  # a GPT-2 variant fastgpt2 does not run
+    relu = LoadedModel(gpt2.spec + "-relu", model, gpt2.tokenizer, gpt2.device, gpt2.dtype, gpt2.context_len)
     monkeypatch.delenv("SPECVIEW_COMPILE")
-    with pytest.raises(SpecviewError, match="cannot run compiled here: model type 'gpt2'"):
-        kernels.prepare(gpt2, "on")
-    choice = kernels.prepare(gpt2, "auto")
-    assert choice.mode == "eager" and "gpt2" in choice.why
-    assert kernels.prepare(gpt2, "off").mode == "eager"
+    with pytest.raises(SpecviewError, match="cannot run compiled here: activation 'relu'"):
+        kernels.prepare(relu, "on")
+    choice = kernels.prepare(relu, "auto")
+    assert choice.mode == "eager" and "relu" in choice.why
+    assert kernels.prepare(relu, "off").mode == "eager"
+    model.config.model_type = "opt"
+    with pytest.raises(SpecviewError, match="model type 'opt' is not one of llama, mistral, qwen2 or gpt2"):
+        kernels.prepare(relu, "on")
+
+
+# ---- GPT-2 (fastgpt2.py): the same loop with GPT-2's layer ----
+
+def gpt2_variant(lm, variant: str) -> LoadedModel:
+    fresh = LoadedModel(lm.spec, copy.deepcopy(lm.model), lm.tokenizer, lm.device, lm.dtype, lm.context_len)
+    return {"float32": fresh, "bfloat16": as_bfloat16(lm), "int4": as_int4(lm)}[variant]
+
+
+@pytest.mark.parametrize("variant", ["float32", "bfloat16", "int4"])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_compiler)])
+def test_gpt2_fast_forward_computes_what_transformers_computes(small_vocab_pair, variant, compiled):
+    target, _ = small_vocab_pair
+    lm = gpt2_variant(target, variant)
+    want = hf_logits(lm, PROMPT)
+    runner = fastgpt2.GPT2Forward(lm.model, compiled, gemv="reduce")  # re-lays out Conv1D weights in place
+    assert torch.allclose(hf_logits(lm, PROMPT), want, atol=1e-5)  # ...without changing transformers' numbers
+    tolerance = 1e-4 if variant == "float32" else 0.1
+    assert torch.allclose(fast_logits(runner, PROMPT), want, atol=tolerance)
+    assert runner.pieces()["qkv"]["shape"][0] == 3 * target.model.config.n_embd
+
+
+@needs_compiler
+def test_gpt2_greedy_speculative_compiled_equals_greedy_autoregressive(small_vocab_pair):
+    target, draft = (gpt2_variant(lm, "float32") for lm in small_vocab_pair)
+    greedy = SamplingConfig(temperature=0)
+    want = list(Decoder(target, None, greedy, ignore_eos=True).generate(PROMPT, 24))
+    for lm in (target, draft):
+        assert kernels.prepare(lm, "on").mode == "compiled"
+    assert isinstance(fastdecode.runner_for(target.model), fastgpt2.GPT2Forward)
+    got = list(Decoder(target, draft, greedy, k=3, ignore_eos=True).generate(PROMPT, 24))
+    assert emitted(got) == emitted(want)
+    assert any(step.rejected_at is not None for step in got), "the draft must be rejected sometimes"
 
 
 @needs_compiler

@@ -54,5 +54,16 @@ class Backend:
     def _save(self, final: bool) -> str | None:
         return None
 
+    WHATIF_KS = (1, 2, 3, 4, 6, 8)
+
+    def whatif(self) -> dict | None:
+        """The current run replayed at other K and policies (whatif.py's `specview.whatif/1`, without its
+        objects) once the step in flight is done; None where the engine is not this viewer's to ask."""
+        with self.lock:
+            return self._whatif()
+
+    def _whatif(self) -> dict | None:
+        return None
+
     def close(self) -> None:
         """The app is gone (a child process ends; in-process, nothing to do)."""

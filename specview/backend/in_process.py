@@ -89,6 +89,24 @@ class EngineBackend(Backend):
             texts = token_texts(self.session.target.tokenizer.decode, before, step)
             return StepView(step, texts, run.summary.prefill_ms)
 
+    def _whatif(self) -> dict | None:
+        """Record the current run's distributions now (one target forward over its text, one-token draft
+        forwards) and replay them: every drafter of the session, fixed and heuristic, WHATIF_KS."""
+        from specview.profiling.dists import run_dists
+        from specview.whatif import plain, whatif_document
+
+        run = self.run
+        if run is None or not run.generated or self.session is None:
+            return None
+        steps = [r for r in self.recorder.steps if r.get("run") == len(self.runs) - 1]
+        s = self.settings
+        dists = {"greedy": s.sampling.greedy, "max_new_tokens": s.max_new_tokens,
+                 "runs": [run_dists(self.session, list(self.session.prompt_ids), list(run.generated), steps)]}
+        profile = self.recorder.profile(self.summaries)
+        policies = ["fixed", "heuristic"] + (["goodput"] if s.sampling.greedy else [])
+        return plain(whatif_document(profile, dists, list(self.WHATIF_KS), policies,
+                                     [d.spec for d in self.session.drafters]))
+
     @property
     def summaries(self) -> list[RunSummary]:
         return [r.summary for r in self.runs]

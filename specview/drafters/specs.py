@@ -5,7 +5,7 @@
     self:skip=4-9,15       the target with these decoder layers skipped (0-based, ranges)
     self:auto              the skip set chosen by a short calibration on the prompt, printed
 
-    DRAFTER;tree:b=2,d=4   a token tree from that drafter (docs/design.md §17): b children per node, depth d
+    DRAFTER;tree:b=2,d=4   a token tree from that drafter (docs/design.md §18): b children per node, depth d
     DRAFTER;tree:nodes=16  the 16 nodes of highest draft probability (EAGLE-2), b=, d= bound the expansion
     ngram;tree:b=3         n-gram lookup with up to 3 earlier occurrences' continuations as branches
 

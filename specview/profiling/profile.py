@@ -65,7 +65,7 @@ def summarize(steps: list[dict], prefill_ms: float = 0.0, t_ar_ms: float | None 
 
 
 def tree_summary(steps: list[dict]) -> dict:
-    """{"tree": ...} when steps verified token trees (docs/design.md §17), else {}: nodes per verify, the
+    """{"tree": ...} when steps verified token trees (docs/design.md §18), else {}: nodes per verify, the
     accepted path per step, and the verify forward's median ms by rows (nodes + 1) against a chain's rows."""
     trees = [s for s in steps if isinstance(s.get("tree"), dict)]
     if not trees:

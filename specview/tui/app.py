@@ -26,6 +26,7 @@ from specview.tui.widgets.loading import LoadingPanel
 from specview.tui.widgets.main_view import MainView
 from specview.tui.widgets.status import Status, StatusLine
 from specview.tui.widgets.too_small import MIN_HEIGHT, MIN_WIDTH, TooSmall
+from specview.tui.widgets.whatif_screen import WhatIfScreen
 
 REDRAW_S = 0.25  # while running, redraw at most this often (and only between steps: see step_worker)
 WIDE, TALL = 110, 34  # below: no memory panel (RSS in the status line) / compact block and panels
@@ -48,6 +49,7 @@ class SpecviewApp(App[None]):
         Binding("e", "export", "Export"),
         Binding("n", "new_run", "New run", show=False),
         Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("w", "whatif", "What-if", show=False),
         Binding("q", "quit", "Quit"),
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
     ]
@@ -310,6 +312,26 @@ class SpecviewApp(App[None]):
     def action_new_run(self) -> None:
         if self.loaded and not self.stepping and not self.quitting:
             self.new_run_worker()
+
+    def action_whatif(self) -> None:
+        if not self.loaded or not self.views:
+            self.notify("what-if replays the steps of this run: step first", timeout=3)
+        elif not self.quitting:
+            self.notify("replaying this run at other K (one forward per model)…", timeout=2)
+            self.whatif_worker()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="whatif")
+    def whatif_worker(self) -> None:
+        try:
+            self.post_message(msg.WhatIfReady(self.backend.whatif()))  # waits for the step in flight
+        except Exception as err:  # noqa: BLE001 - one line in the TUI; the session goes on
+            self.post_message(msg.WhatIfReady(None, f"{type(err).__name__}: {err}"))
+
+    def on_what_if_ready(self, message: msg.WhatIfReady) -> None:
+        if message.error or message.figures is None:
+            self.notify(f"what-if: {message.error or 'not available with this engine'}", severity="warning")
+        else:
+            self.push_screen(WhatIfScreen(message.figures))
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(diagnose(self.stats.figures(self.backend.k)) if self.views else []))

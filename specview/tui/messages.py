@@ -64,3 +64,9 @@ class ProfileSaved(Message):
 @dataclass
 class DrafterChanged(Message):
     spec: str  # the drafter of the next steps
+
+
+@dataclass
+class WhatIfReady(Message):
+    figures: dict | None  # specview.whatif/1 of the current run (None: this backend cannot replay)
+    error: str | None = None

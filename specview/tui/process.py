@@ -138,6 +138,12 @@ class ProcessBackend(Backend):
             return path
         return _field(self._ask({"cmd": "save", "final": False}), "path", (str, type(None)))
 
+    def _whatif(self) -> dict | None:
+        if self.proc is None:
+            return None
+        figures = self._ask({"cmd": "whatif"}).get("figures")
+        return figures if isinstance(figures, dict) else None
+
     def close(self) -> None:
         """The app is gone: end the child's input (it saves its profile and exits)."""
         if self.proc is not None and self.proc.poll() is None:

@@ -16,6 +16,7 @@ KEYS = [
     ("+ -", "change K, the tokens drafted per step, for the next steps"),
     ("e", "export the profile now (--profile-dir)"),
     ("n", "new run from the same prompt (after a run ends)"),
+    ("w", "what-if: this run replayed at other K and policies, for every drafter, with the lost time"),
     ("?", "this help"),
     ("q", "quit (also ctrl+q, ctrl+c); the profile is saved and its path printed"),
 ]
