@@ -10,7 +10,7 @@ import torch
 from test_lossless import CASES, N_TOKENS, exact_joint, tv, tv_threshold
 
 import specview.engine as engine
-from specview import fastdecode, trees
+from specview import fastdecode, kernels, trees
 from specview.drafters.model import ModelDrafter
 from specview.drafters.ngram import NgramDrafter
 from specview.drafters.specs import kind, split_specs, split_tree
@@ -45,10 +45,10 @@ def path_of(node: int) -> list[int]:
 @pytest.mark.parametrize("forward", ["transformers", "fastdecode"])
 def test_one_forward_over_the_tree_gives_each_path_its_logits(loaded_pair, forward):
     target, _ = loaded_pair
-    if forward == "fastdecode":
-        if fastdecode.unsupported_reason(target.model):
-            pytest.skip("fastdecode runs the Llama family only")
-        fastdecode.install(target.model, compiled=False)
+    if forward == "fastdecode":  # the Llama family's forward, or fastgpt2's: the same loop, positions and mask
+        family, reason = kernels._family(target.model)
+        assert reason is None, reason
+        fastdecode.install(target.model, compiled=False, family=family)
     try:
         dec = Decoder(target, None, SamplingConfig(temperature=0))
         cache = new_cache(target)
