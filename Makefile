@@ -25,7 +25,7 @@ run: install
 # The exact-law and compiled-path tests are pure computation (thousands of sampled runs, kernel builds; no
 # timing, signals or terminal): two workers share them. The rest runs in one process, as written. Both halves
 # always run; the target fails if either does.
-PARALLEL_TESTS := tests/test_lossless.py tests/test_policies.py tests/test_compiled.py
+PARALLEL_TESTS := tests/test_lossless.py tests/test_policies.py tests/test_compiled.py tests/test_trees.py
 test: install
 	status=0; \
 	$(PY) -m pytest -q -n 2 $(PARALLEL_TESTS) || status=1; \

@@ -34,4 +34,12 @@ def token_texts(decode, before: list[int], step) -> dict[int, str]:
             out[tok] = piece(at, tok)
     for tok, text in zip(step.emitted, step.tokens):
         out.setdefault(tok, text)
+    tree = getattr(step, "tree", None)
+    for j, tok in enumerate(tree["tokens"] if tree else []):  # a tree's other nodes, after their ancestors
+        if tok not in out:
+            ancestors, node = [], tree["parents"][j]
+            while node >= 0:
+                ancestors.append(tree["tokens"][node])
+                node = tree["parents"][node]
+            out[tok] = piece(ctx + ancestors[::-1], tok)
     return out

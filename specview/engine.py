@@ -14,16 +14,17 @@ re-runs the prefix; a draft model's cache catches up the same way.
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
 
-from specview import fastdecode, fastlinear
+from specview import fastdecode, fastlinear, trees
 from specview.detok import CONTEXT, piece_in_context
 from specview.drafters.base import Proposal
 from specview.drafters.model import ModelDrafter
 from specview.events import RunSummary, StepResult
-from specview.kvcache import crop_cache, new_cache
+from specview.kvcache import crop_cache, keep_rows, new_cache
 from specview.memory import memory_mb
 from specview.models import LoadedModel, placed_devices, vocab_limit
 from specview.policies import make_policy, parse_policy
@@ -101,17 +102,32 @@ class Decoder:
             yield run.step()
 
     @torch.inference_mode()
-    def forward(self, lm: LoadedModel, cache, ids: list[int] | torch.Tensor, keep: int | None = None) -> torch.Tensor:
-        """Feed ids (appending to cache) -> logits [n, vocab] of the last `keep` positions (all if None)."""
+    def forward(self, lm: LoadedModel, cache, ids: list[int] | torch.Tensor, keep: int | None = None,
+                tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Feed ids (appending to cache) -> logits [n, vocab] of the last `keep` positions (all if None).
+        `tree` = (positions, allowed) from trees.layout: each row at its own position, seeing only what
+        `allowed` [rows, cached + rows] lets it (a token tree's rows see their ancestors, not their cousins)."""
         if not isinstance(ids, torch.Tensor):
             ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         runner = fastdecode.runner_for(lm.model)  # kernels.prepare installed the compiled forward
         if runner is not None:
-            return runner(ids.view(-1), cache, keep or 0)[:, : self.vocab]
+            return runner(ids.view(-1), cache, keep or 0, tree)[:, : self.vocab]
+        extra = {} if tree is None else tree_arguments(lm.model, *tree)
         with fastlinear.active():
-            out = lm.model(input_ids=ids.view(1, -1), past_key_values=cache, use_cache=True, logits_to_keep=keep or 0)
+            out = lm.model(input_ids=ids.view(1, -1), past_key_values=cache, use_cache=True, logits_to_keep=keep or 0,
+                           **extra)
         # A model spread over devices (--device-map) returns its logits on its last one.
         return out.logits[0, :, : self.vocab].to(self.device)
+
+
+def tree_arguments(model, positions: torch.Tensor, allowed: torch.Tensor) -> dict:
+    """transformers' custom 4-D mask (used as given, batch 1, one head dimension) and position ids. sdpa takes
+    a boolean mask (True = attend); the eager attention adds the mask, so it gets 0 / the dtype's minimum."""
+    mask = allowed[None, None]
+    if getattr(model.config, "_attn_implementation", "sdpa") != "sdpa":
+        dtype = getattr(model, "dtype", torch.float32)
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    return {"attention_mask": mask, "position_ids": positions.view(1, -1)}
 
 
 def accept_test(r: torch.Tensor, px: torch.Tensor, qx: torch.Tensor) -> torch.Tensor:
@@ -124,6 +140,13 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     residual = (p - q).clamp(min=0)
     mass = residual.sum()
     return torch.where(mass > 0, residual / mass.clamp(min=1e-30), p)
+
+
+def sibling_target(residual: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """The law the next sibling of a rejected node is tested against: the running residual, not the
+    target's p (multi-draft recursive rejection sampling, docs/design.md §18; testing it against p is
+    biased, and tests/test_trees.py's power test patches this function to show that it is caught)."""
+    return residual
 
 
 def stopped_by(budget: int, proposal: Proposal | None) -> str:
@@ -199,9 +222,14 @@ class Run:
         self._prefilled = True
 
     def block_size(self) -> int:
-        """Drafts this step: the policy's budget out of K, but none past N (the last token comes from the
-        target) or the context."""
-        k = self.policy.budget(self.k, self._drafter_key()) if self.dec.drafter is not None else 0
+        """Drafts this step: the policy's budget out of K (a tree drafter: its depth), but none past N (the
+        last token comes from the target) or the context."""
+        drafter = self.dec.drafter
+        shape = getattr(drafter, "shape", None)
+        if drafter is None:
+            k = 0
+        else:
+            k = shape.depth(self.k) if shape is not None else self.policy.budget(self.k, self._drafter_key())
         k = min(k, self.max_new_tokens - len(self.generated) - 1)
         if self.dec.context_len:
             k = min(k, self.dec.context_len - len(self.tokens) - 1)
@@ -218,18 +246,29 @@ class Run:
         k = self.block_size()
         keep_drafting = self.policy.keep_drafting if self.policy.wants_top_q else None
         proposal = drafter.propose(dec, self._state(drafter), self.tokens, k, keep_drafting) if k else None
+        base = len(self.tokens)  # where the drafted nodes start, in both caches
         with timer.phase("verify"):
-            fed = self.tokens[self.target_cache.get_seq_length() :]
+            start = self.target_cache.get_seq_length()
+            fed = self.tokens[start:]
             ids = torch.tensor(fed, dtype=torch.long, device=dec.device)
             n_drafts = len(proposal) if proposal is not None else 0
+            tree = None
             if n_drafts:
                 ids = torch.cat([ids, proposal.tokens])
-            logits = dec.forward(dec.target, self.target_cache, ids, keep=n_drafts + 1)
+                if proposal.parents is not None and not trees.is_chain(proposal.parents):
+                    tree = trees.layout(proposal.parents, start, len(fed), dec.device)  # one forward, every node
+            logits = dec.forward(dec.target, self.target_cache, ids, keep=n_drafts + 1, tree=tree)
         with timer.phase("sample"):
             decision = self._decide(logits, proposal if n_drafts else None)
         result = self._emit(decision, proposal)
         with timer.phase("cache"):
             keep = len(self.tokens) - 1
+            if tree is not None:  # the accepted path's rows move up to follow the text; the rest goes
+                path = decision.path[: keep - base]
+                keep_rows(self.target_cache, base, path)
+                if proposal.draft_rows is not None:  # the draft's cache too, as far as it fed the path
+                    rows = list(itertools.takewhile(lambda row: row >= 0, (proposal.draft_rows[j] for j in path)))
+                    drafter.keep_rows(self._state(drafter), base, rows)
             crop_cache(self.target_cache, keep)
             if proposal is not None:  # only the drafter that drafted can be past `keep`
                 drafter.rollback(self._state(drafter), keep)
@@ -246,41 +285,69 @@ class Run:
         return result
 
     def _decide(self, logits: torch.Tensor, proposal: Proposal | None) -> Decision:
-        """The accept test, the residual / bonus draw, all on the device; ONE transfer to the host."""
+        """The accept test, the residual / bonus draw, all on the device; ONE transfer to the host.
+
+        One code path for chains and trees (a chain is a tree whose node j has parent j - 1): the nodes are
+        visited in order and a node is tried when its parent is the last node accepted, against the law
+        still to be matched (the target's row after its parent, or, after a sibling's rejection, the running
+        residual). Accepted: the walk moves to its children. All children rejected: draw from the residual;
+        no child: the bonus from the node's row. A chain draws and decides exactly as before trees."""
         dec = self.dec
         greedy = dec.sampling.greedy
         with dec.timer.phase("softmax"):
-            p = probs_from_logits(logits, dec.sampling)  # [k+1, V]
-        if proposal is not None:
-            d, q = proposal.tokens, proposal.q
-            k = len(d)
-            rows = torch.arange(k, device=dec.device)
-            px, qx = p[rows, d], q[rows, d]
-            if greedy:
-                r = torch.zeros(0, device=dec.device)
-                ok = d == p[:k].argmax(dim=-1)
-            else:
-                r = torch.rand(k, generator=dec.generator, device=dec.device)
-                ok = accept_test(r, px, qx)
-            n = ok.long().cumprod(0).sum()
-            p_n = p.index_select(0, n.view(1))[0]
-            q_n = q.index_select(0, n.clamp(max=k - 1).view(1))[0]
-            # After k acceptances p_n is the target's (k+1)-th row: the bonus distribution.
-            dist = p_n if greedy else torch.where(n < k, residual_distribution(p_n, q_n), p_n)
+            p = probs_from_logits(logits, dec.sampling)  # [n+1, V]: row 0 after the root, row 1 + j after node j
+        empty = torch.zeros(0, device=dec.device)
+        if proposal is None:
+            current = torch.tensor(-1, device=dec.device)
+            extra = sample(p[0], dec.generator, greedy)
+            top = torch.topk(p[0], min(RESIDUAL_TOP, p.shape[-1]))
+            return Decision.from_device(extra, empty, empty, empty, empty, empty, empty, top.indices, top.values)
+        d, q = proposal.tokens, proposal.q
+        n = len(d)
+        parents = proposal.parents if proposal.parents is not None else list(range(-1, n - 1))
+        above = torch.tensor([parent + 1 for parent in parents], device=dec.device)  # each node's row of p
+        px, qx = p[above, d], q[torch.arange(n, device=dec.device), d]
+        if greedy:
+            r = empty
+            matches = d == p.argmax(dim=-1)[above]
         else:
-            d = px = qx = r = torch.zeros(0, device=dec.device)
-            n = torch.zeros((), dtype=torch.long, device=dec.device)
-            dist = p[0]
+            r = torch.rand(n, generator=dec.generator, device=dec.device)
+        current = torch.tensor(-1, device=dec.device)  # the last node accepted (-1: the root)
+        target = residual = p[0]
+        tried, accepted = [], []
+        for j, parent in enumerate(parents):
+            here = current == parent
+            if greedy:
+                ok = here & matches[j]
+            else:
+                ok = here & accept_test(r[j], target[d[j]], qx[j])
+                missed = here & ~ok
+                left = residual_distribution(target, q[j])
+                residual = torch.where(ok, p[j + 1], torch.where(missed, left, residual))
+                target = torch.where(ok, p[j + 1], torch.where(missed, sibling_target(left, p[parent + 1]), target))
+            current = torch.where(ok, j, current)
+            tried.append(here)
+            accepted.append(ok)
+        # After the last acceptance with no child tried, `residual` is that node's row: the bonus distribution.
+        dist = p.index_select(0, (current + 1).view(1))[0] if greedy else residual
         extra = sample(dist, dec.generator, greedy)
         top = torch.topk(dist, min(RESIDUAL_TOP, dist.shape[-1]))
-        return Decision.from_device(n, extra, d, px, qx, r, top.indices, top.values)
+        return Decision.from_device(extra, torch.stack(tried), torch.stack(accepted), d, px, qx, r, top.indices,
+                                    top.values)
 
     def _emit(self, decision: Decision, proposal: Proposal | None) -> StepResult:
         """Append the step's tokens (cut at the first EOS) and build its StepResult once, from the cut."""
         greedy, speculative = self.dec.sampling.greedy, self.dec.drafter is not None
-        n, extra, drafted = decision.accepted, decision.extra, decision.drafted
-        p, q, r = decision.p, decision.q, decision.r
-        rejected = n < len(drafted)
+        parents = proposal.parents if proposal is not None and decision.drafted else None
+        path = decision.path
+        # The accepted path and the first children below it: for a chain every node, so drafted/q/p/r keep
+        # their chain meaning (a tree's other nodes are in its `tree` record).
+        line = trees.spine(parents, path) if parents is not None else list(range(len(decision.drafted)))
+        n, extra = len(path), decision.extra
+        drafted = [decision.drafted[j] for j in line]
+        p, q = [decision.p[j] for j in line], [decision.q[j] for j in line]
+        r = [decision.r[j] for j in line] if decision.r else decision.r
+        rejected = any(decision.tried[j] and j not in path for j in range(len(decision.drafted)))
         emitted = drafted[:n] + [extra]
         eos = next((i for i, tok in enumerate(emitted) if tok in self.dec.eos_ids), None)
         if eos is not None:
@@ -291,6 +358,11 @@ class Run:
                 drafted, p, q, r = drafted[:n], p[:n], q[:n], r[:n]
                 rejected, extra = False, None
         self.tokens.extend(emitted)
+        tree = None
+        if parents is not None and not trees.is_chain(parents):
+            tree = {"tokens": decision.drafted, "parents": list(parents), "q": decision.q, "p": decision.p,
+                    "r": decision.r or None, "path": path[:n],
+                    "rejected": [j for j, t in enumerate(decision.tried) if t and j not in path]}
         if eos is not None:
             self._finish("eos")
         elif len(self.generated) >= self.max_new_tokens:
@@ -316,6 +388,7 @@ class Run:
             stop_reason=self.stop_reason,
             source=list(proposal.source) if proposal is not None and proposal.source else None,
             position=len(self.tokens) - len(emitted),
+            tree=tree,
         )
 
     def _texts(self, count: int) -> list[str]:
@@ -332,20 +405,31 @@ class Run:
 
 class Decision:
     """The step's decision, moved to the host in ONE transfer: the parts are packed into one tensor
-    and split again by the sizes the parts themselves declare (r has k entries, or none when greedy)."""
+    and split again by the sizes the parts themselves declare (r has one entry per node, or none when
+    greedy; `tried` and `accepted` one per node)."""
 
-    FIELDS = ("accepted", "extra", "drafted", "p", "q", "r", "top_ids", "top_probs")
+    FIELDS = ("extra", "tried", "accepted", "drafted", "p", "q", "r", "top_ids", "top_probs")
 
     def __init__(self, values: dict[str, list[float]]):
-        self.accepted = int(values["accepted"][0])
         self.extra = int(values["extra"][0])
+        self.tried = [bool(x) for x in values["tried"]]
+        self.path = [j for j, ok in enumerate(values["accepted"]) if ok]  # the accepted nodes, root first
         self.drafted = [int(x) for x in values["drafted"]]
         self.p, self.q, self.r = values["p"], values["q"], values["r"]
         self.residual_top = [[int(i), pr] for i, pr in zip(values["top_ids"], values["top_probs"])]
 
+    @property
+    def accepted(self) -> int:
+        return len(self.path)
+
+    @accepted.setter
+    def accepted(self, n: int) -> None:
+        """A chain's count (its path is its first n nodes): what tests/test_check.py's off-by-one patches."""
+        self.path = list(range(n))
+
     @classmethod
-    def from_device(cls, n, extra, d, px, qx, r, top_ids, top_probs) -> Decision:
-        parts = dict(zip(cls.FIELDS, (n.view(1), extra.view(1), d, px, qx, r, top_ids, top_probs)))
+    def from_device(cls, extra, tried, accepted, d, px, qx, r, top_ids, top_probs) -> Decision:
+        parts = dict(zip(cls.FIELDS, (extra.view(1), tried, accepted, d, px, qx, r, top_ids, top_probs)))
         sizes = [part.numel() for part in parts.values()]
         flat = torch.cat([t.reshape(-1).to(torch.float64) for t in parts.values()]).tolist()  # the one transfer
         values, pos = {}, 0
@@ -353,5 +437,3 @@ class Decision:
             values[name] = flat[pos: pos + size]
             pos += size
         return cls(values)
-
-

@@ -42,6 +42,9 @@ class StepResult:
     stopped_by: str | None = None  # why drafting stopped: "budget", "p-min" or "no-proposal"
     budget: int | None = None  # tokens this step could draft: the policy's budget out of k, capped by N and the context
     cut_q: float | None = None  # p-min: the top probability of the draft distribution it refused (not drafted)
+    # A token tree's step (docs/design.md §18): {"tokens", "parents", "q", "p", "r", "path", "rejected"} over
+    # every node; `drafted` .. `accepted` above keep their chain meaning along the accepted path. None: a chain.
+    tree: dict | None = None
     timing: object = field(default=None, repr=False, compare=False)  # timing.StepTiming; not in the JSON
 
     def origins(self) -> list[str]:
@@ -56,7 +59,7 @@ class StepResult:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "timing"}
         if d["drafter"] is None:
             del d["drafter"]  # only sessions with several drafters name it per step
-        for name in ("policy", "stopped_by", "budget", "cut_q"):
+        for name in ("policy", "stopped_by", "budget", "cut_q", "tree"):
             if d[name] is None:
                 del d[name]  # autoregressive steps have none of them; cut_q only a p-min cut
         d["type"] = "step"

@@ -195,12 +195,11 @@ class FastForward:
     def _eager_functions(self) -> _Fns:
         return _EAGER
 
-    def _embed(self, model, ids: torch.Tensor, start: int):
-        """ids -> (h [rows, hidden], what every layer's attn_in needs besides its weights: the rotary cos, sin)."""
-        rows = ids.numel()
+    def _embed(self, model, ids: torch.Tensor, positions: torch.Tensor):
+        """ids, their positions [rows] -> (h [rows, hidden], what every layer's attn_in needs besides its weights:
+        the rotary cos, sin)."""
         h = model.model.embed_tokens(ids)
-        positions = torch.arange(start, start + rows).unsqueeze(0)
-        cos, sin = model.model.rotary_emb(h, positions)
+        cos, sin = model.model.rotary_emb(h, positions.unsqueeze(0))
         return h, (cos.unsqueeze(1), sin.unsqueeze(1))  # [1, 1, rows, d]: broadcast over heads
 
     def _layer_in(self, fns, h, w, positional, gemv):
@@ -248,8 +247,9 @@ class FastForward:
         return StaticKV(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype)
 
     @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, cache: StaticKV, keep: int) -> torch.Tensor:
-        """ids [rows] appended to `cache` -> logits [keep, vocab] of the last `keep` rows (0: all)."""
+    def __call__(self, ids: torch.Tensor, cache: StaticKV, keep: int, tree=None) -> torch.Tensor:
+        """ids [rows] appended to `cache` -> logits [keep, vocab] of the last `keep` rows (0: all). `tree` =
+        (positions [rows], allowed [rows, start + rows]) from trees.layout: a token tree's own positions and mask."""
         model = self.model_ref()
         rows, start = ids.numel(), cache.length
         cache.reserve(start + rows)
@@ -258,10 +258,13 @@ class FastForward:
         # weights are arguments, and one-row graphs are where the dispatch overhead weighs most.
         compiled = self.compiled and rows == 1
         fns, gemv = (self.fns, self.gemv) if compiled else (self._eager_functions(), "packed")
-        h, positional = self._embed(model, ids, start)
+        positions = torch.arange(start, start + rows) if tree is None else tree[0]
+        h, positional = self._embed(model, ids, positions)
         end = start + rows
         # Queries see every cached position and the new rows up to their own (a causal block at the end).
         mask = None if rows == 1 else torch.ones(rows, end, dtype=torch.bool).tril(start)
+        if tree is not None and rows > 1:
+            mask = tree[1]  # a token tree: each node sees its ancestors only
         for i, w in enumerate(self.layers):
             q, k, v = self._layer_in(fns, h, w, positional, gemv)
             cache.keys[i][:, :, start:end] = k

@@ -87,8 +87,7 @@ class GPT2Forward(FastForward):
     def _eager_functions(self) -> _Fns:
         return _EAGER
 
-    def _embed(self, model, ids: torch.Tensor, start: int):
-        positions = torch.arange(start, start + ids.numel())
+    def _embed(self, model, ids: torch.Tensor, positions: torch.Tensor):
         return model.transformer.wte(ids) + model.transformer.wpe(positions), ()
 
     def _layer_in(self, fns, h, w, positional, gemv):

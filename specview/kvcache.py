@@ -25,3 +25,31 @@ def crop_cache(cache, keep: int) -> None:
     length = cache.get_seq_length()
     if keep < length:
         cache.crop(keep - length)
+
+
+def keep_rows(cache, base: int, rows: list[int]) -> None:
+    """After a token tree's verify: keep the cached positions base + rows (the accepted path's nodes, in
+    order) at base, base + 1, ... and drop everything after them. Gather, then crop; a chain's path is
+    already in place and is only cropped."""
+    if rows != list(range(len(rows))):
+        import torch
+
+        index = torch.tensor(rows, dtype=torch.long) + base
+        with torch.inference_mode():  # the forwards made these tensors in inference mode
+            for tensor in _layer_tensors(cache):
+                tensor[:, :, base: base + len(rows)] = tensor.index_select(2, index.to(tensor.device))
+    crop_cache(cache, base + len(rows))
+
+
+def _layer_tensors(cache):
+    """Every layer's key and value tensors [batch, heads, positions, dim]: fastdecode's StaticKV keeps them in
+    lists, transformers' DynamicCache in its layers (a layer-skip cache's skipped slots hold none)."""
+    if isinstance(getattr(cache, "keys", None), list):
+        yield from cache.keys
+        yield from cache.values
+        return
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name, None)
+            if tensor is not None and hasattr(tensor, "index_select") and tensor.dim() == 4 and tensor.numel():
+                yield tensor

@@ -77,6 +77,17 @@ def _table(v) -> bool:
                                        for k in v)
 
 
+def _tree(v) -> bool:
+    """A tree record (events.StepResult.tree) the block view can draw: parents first, a path down from the root."""
+    if not isinstance(v, dict) or not all(_ints(v.get(k)) for k in ("tokens", "parents", "path")):
+        return False
+    n, parents, path = len(v["tokens"]), v["parents"], v["path"]
+    return (len(parents) == n and all(-1 <= parent < j for j, parent in enumerate(parents))
+            and _nums(v.get("q")) and _nums(v.get("p")) and len(v["q"]) == len(v["p"]) == n
+            and all(0 <= j < n for j in path) and [parents[j] for j in path] == ([-1] + path)[:len(path)]
+            and _ints(v.get("rejected", [])))
+
+
 # what the widgets read from a step record, by type (the engine stream's step records: docs/design.md §10a)
 _STEP_CHECKS = {"step": _int, "drafted": _ints, "q": _nums, "p": _nums, "r": _opt(_nums), "accepted": _int,
                 "rejected_at": _opt(_int), "resampled": _opt(_int), "bonus": _opt(_int), "emitted": _ints,
@@ -85,7 +96,8 @@ _STEP_CHECKS = {"step": _int, "drafted": _ints, "q": _nums, "p": _nums, "r": _op
                 "phases_ms": _table, "layernorm_ms": _table, "wall_ms": _num, "memory_mb": _table, "k": _int,
                 "run": _int, "source": _opt(_ints), "drafter": _opt(lambda v: isinstance(v, str)), "position": _int,
                 "policy": _opt(lambda v: isinstance(v, str)), "stopped_by": _opt(lambda v: isinstance(v, str)),
-                "budget": _opt(_int), "cut_q": _opt(_num)}
+                "budget": _opt(_int), "cut_q": _opt(_num),
+                "tree": _opt(_tree)}
 
 
 def step_view(record: dict) -> StepView:

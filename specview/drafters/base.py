@@ -5,6 +5,7 @@ for every drafter (docs/design.md "Drafters"), so a drafter only proposes:
     drafter.prefill(dec, state, prompt[:-1])       # the first step of a run
     proposal = drafter.propose(dec, state, tokens, k, keep_drafting)   # up to k tokens and their q rows
     drafter.rollback(state, keep)                  # after the step: forget positions past `keep`
+    drafter.keep_rows(state, base, rows)           # a tree's step, first: keep only the accepted path's rows
 
 A deterministic proposal (n-gram lookup) has one-hot q rows: accept with probability p(x), and on
 rejection the residual max(0, p - q) is p with x removed. An empty proposal makes a plain target step.
@@ -26,6 +27,11 @@ class Proposal:
     source: tuple[int, int] | None = None  # n-gram: [start, end) of the copied span in the tokens so far
     cut: bool = False  # drafting stopped early because the policy said so (p-min), not for lack of a proposal
     cut_q: float | None = None  # p-min: the top probability of the draft distribution it refused
+    # A token tree (trees.py): the parent of each node (-1: the root), parents first; None for a chain.
+    parents: list[int] | None = None
+    # Where the drafter's own cache holds each node, as an offset from the text's length (-1: never fed), so
+    # the engine can keep the accepted path's rows there too; None when it keeps no cache of the nodes.
+    draft_rows: list[int] | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from specview.drafters.base import Proposal
-from specview.kvcache import crop_cache, new_cache
+from specview.kvcache import crop_cache, keep_rows, new_cache
 from specview.sampling import probs_from_logits, sample
 
 
@@ -49,3 +49,6 @@ class ModelDrafter:
 
     def rollback(self, cache, keep: int) -> None:
         crop_cache(cache, keep)
+
+    def keep_rows(self, cache, base: int, rows: list[int]) -> None:
+        keep_rows(cache, base, rows)

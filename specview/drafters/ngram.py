@@ -48,6 +48,26 @@ def lookup(tokens: list[int], k: int, max_n: int, min_n: int) -> tuple[int, list
     return None
 
 
+def all_continuations(tokens: list[int], k: int, max_n: int, min_n: int, limit: int) -> list[tuple[int, list[int]]]:
+    """[(start, continuation)]: the up to k tokens after each of the `limit` most recent earlier occurrences
+    of the longest suffix (max_n..min_n) that occurs earlier, distinct continuations only (a tree's branches)."""
+    length = len(tokens)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        tail = tokens[length - n:]
+        found, seen = [], set()
+        for end in range(length - 2, n - 2, -1):
+            if tokens[end] == tail[-1] and tokens[end - n + 1: end + 1] == tail:
+                continuation = tuple(tokens[end + 1: end + 1 + k])
+                if continuation not in seen:
+                    seen.add(continuation)
+                    found.append((end + 1, list(continuation)))
+                    if len(found) == limit:
+                        break
+        if found:
+            return found
+    return []
+
+
 class NgramDrafter:
     def __init__(self, spec: str = "ngram"):
         self.spec = spec

@@ -5,6 +5,10 @@
     self:skip=4-9,15       the target with these decoder layers skipped (0-based, ranges)
     self:auto              the skip set chosen by a short calibration on the prompt, printed
 
+    DRAFTER;tree:b=2,d=4   a token tree from that drafter (docs/design.md §18): b children per node, depth d
+    DRAFTER;tree:nodes=16  the 16 nodes of highest draft probability (EAGLE-2), b=, d= bound the expansion
+    ngram;tree:b=3         n-gram lookup with up to 3 earlier occurrences' continuations as branches
+
 The list separator is also the option separator of `ngram:max=4,min=1`: an item of the form key=value
 continues the spec before it.
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from specview.errors import SpecviewError, quoted
 
@@ -40,9 +45,54 @@ def split_specs(text: str) -> list[str]:
     return specs
 
 
+TREE_LIMITS = {"b": 8, "d": 16, "nodes": 128}  # children per node, depth, nodes: a verify of ~130 rows at most
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """What a tree drafter drafts: `b` children per expanded node, `d` levels (None: K); with `nodes`, the
+    nodes of highest draft probability among those (EAGLE-2's dynamic tree), else every node (static)."""
+
+    b: int = 2
+    d: int | None = None
+    nodes: int | None = None
+
+    def depth(self, k: int) -> int:
+        return self.d or k
+
+    def size(self, k: int) -> int:
+        """Nodes at most, with depth k when d is not set."""
+        full = sum(self.b ** level for level in range(1, self.depth(k) + 1))
+        return min(full, self.nodes) if self.nodes else full
+
+
+def split_tree(spec: str) -> tuple[str, TreeShape | None]:
+    """'smollm2-135m@int4;tree:b=2,d=4' -> ('smollm2-135m@int4', TreeShape(2, 4)); a spec without ';tree'
+    -> (spec, None)."""
+    base, sep, rest = spec.partition(";")
+    if not sep:
+        return spec, None
+    name, _, options = rest.partition(":")
+    if name != "tree" or not base:
+        raise SpecviewError(f"--draft {quoted(spec)}: after ';' only tree[:b=N,d=N] or tree:nodes=N (a token tree)")
+    values: dict[str, int] = {}
+    for item in filter(None, options.split(",")):
+        key, eq, text = item.partition("=")
+        if key not in TREE_LIMITS or not eq or key in values:
+            raise SpecviewError(f"--draft {quoted(spec)}: unknown tree option {quoted(item)} (use b=N, d=N, nodes=N)")
+        if not text.isdigit() or not 1 <= int(text) <= TREE_LIMITS[key]:
+            raise SpecviewError(f"--draft {quoted(spec)}: tree {key} must be an integer from 1 to {TREE_LIMITS[key]}, "
+                                f"got {quoted(text)}")
+        values[key] = int(text)
+    if base.partition(":")[0] == "ngram" and set(values) - {"b"}:
+        raise SpecviewError(f"--draft {quoted(spec)}: an n-gram tree takes only b=N (the branches)")
+    return base, TreeShape(values.get("b", 2 if "nodes" not in values else 4), values.get("d"), values.get("nodes"))
+
+
 def kind(spec: str) -> str:
     """'ngram', 'self' or 'model'; an unknown NAME:options kind is an error (a model spec has no ':'...
-    except a Windows path, which specview does not run on)."""
+    except a Windows path, which specview does not run on). A ';tree' suffix is checked and set aside."""
+    spec, _ = split_tree(spec)
     head, colon, _ = spec.partition(":")
     if head == "ngram":
         return "ngram"
@@ -60,14 +110,21 @@ def build(spec: str, target, load: Callable[[str], object], prompt_ids: list[int
     the session's shared cache of loaded sources)."""
     from specview.drafters.model import ModelDrafter
 
-    what = kind(spec)
+    base, shape = split_tree(spec)
+    what = kind(base)
     if what == "ngram":
         from specview.drafters.ngram import NgramDrafter
 
-        return NgramDrafter(spec)
-    if what == "self":
-        return _self_drafter(spec, target, prompt_ids, say)
-    return ModelDrafter(load(spec))
+        drafter = NgramDrafter(base)
+    elif what == "self":
+        drafter = _self_drafter(base, target, prompt_ids, say)
+    else:
+        drafter = ModelDrafter(load(base))
+    if shape is None:
+        return drafter
+    from specview.drafters.tree import TreeDrafter
+
+    return TreeDrafter(drafter, shape, spec)
 
 
 def _self_drafter(spec: str, target, prompt_ids: list[int], say):

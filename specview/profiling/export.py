@@ -163,7 +163,9 @@ def _step_args(s: dict) -> dict:
     return {"run": s.get("run"), "k": s.get("k"), "drafted": len(s.get("drafted") or []),
             "accepted": s.get("accepted"), "emitted": len(s.get("emitted") or []),
             "wall_ms": round(s.get("wall_ms") or 0.0, 3), "other_ms": round(phases.get("other") or 0.0, 3),
-            "stop_reason": s.get("stop_reason")}
+            "stop_reason": s.get("stop_reason"),
+            **({"tree_nodes": len(s["tree"]["tokens"]), "tree_path": len(s["tree"]["path"])}
+               if isinstance(s.get("tree"), dict) else {})}
 
 
 def speedscope(records: list[StepRecord], origin: float, name: str) -> dict:

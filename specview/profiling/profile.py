@@ -60,7 +60,28 @@ def summarize(steps: list[dict], prefill_ms: float = 0.0, t_ar_ms: float | None 
         "mean_emitted_per_step": counts.mean_emitted_per_step,
         **costs(counts, t_ar_ms),
         "roofline": roofline_summary(steps, roofline),
+        **tree_summary(steps),
     }
+
+
+def tree_summary(steps: list[dict]) -> dict:
+    """{"tree": ...} when steps verified token trees (docs/design.md §18), else {}: nodes per verify, the
+    accepted path per step, and the verify forward's median ms by rows (nodes + 1) against a chain's rows."""
+    trees = [s for s in steps if isinstance(s.get("tree"), dict)]
+    if not trees:
+        return {}
+    by_rows: dict[int, list[float]] = {}
+    for s in steps:
+        rows = len(s["tree"]["tokens"]) + 1 if s in trees else len(s.get("drafted") or []) + 1
+        verify = (s.get("phases_ms") or {}).get("verify")
+        if isinstance(verify, (int, float)):
+            by_rows.setdefault(rows, []).append(verify)
+    return {"tree": {
+        "steps": len(trees),
+        "nodes_per_verify": ratio(sum(len(s["tree"]["tokens"]) for s in trees), len(trees)),
+        "accepted_per_step": ratio(sum(len(s["tree"]["path"]) for s in trees), len(trees)),
+        "verify_ms_by_rows": {str(rows): sorted(ms)[len(ms) // 2] for rows, ms in sorted(by_rows.items())},
+    }}
 
 
 def costs(counts: Counts, t_ar_ms: float | None) -> dict:

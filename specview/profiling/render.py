@@ -49,6 +49,14 @@ def render_profile(path: str, doc: dict) -> Group:
     pos = s.get("per_position_acceptance") or []
     if pos:
         parts += [position_table(pos), Text("")]
+    tree = s.get("tree")
+    if isinstance(tree, dict):
+        rows = tree.get("verify_ms_by_rows")
+        rows = rows if isinstance(rows, dict) else {}
+        cost = ", ".join(f"{r} rows {fmt(ms, '{:.1f}')}" for r, ms in list(rows.items())[:6])
+        parts += [Text(f"token trees: {fmt(tree.get('steps'), '{:.0f}')} steps, {fmt(tree.get('nodes_per_verify'), '{:.1f}')} nodes "
+                       f"per verify, {fmt(tree.get('accepted_per_step'), '{:.2f}')} accepted per step; verify ms "
+                       f"(median) by rows: {cost}"), Text("")]
     mem = s.get("memory_peak_mb") or {}
     parts.append(Text(f"memory peak: RSS {fmt(mem.get('rss'), '{:.0f} MiB')} · device "
                       f"{fmt(mem.get('device'), '{:.0f} MiB')}"))

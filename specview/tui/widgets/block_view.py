@@ -15,6 +15,7 @@ from specview.palette import ACCEPT_STYLE, ORIGIN_STYLES, REJECT_STYLE
 from specview.tui.grid import Column, Grid, beside
 from specview.tui.render import fmt, visible
 from specview.tui.widgets.panel import unchanged
+from specview.tui.widgets.tree_view import tree_text
 
 CELL = 9  # token text cells per position
 VERDICT = 32  # cells kept for the verdict beside the table (resampled token, residual top), padding included
@@ -68,7 +69,7 @@ class BlockView(Static):
     def show(self, view: StepView | None, number: int, total: int, greedy: bool, compact: bool = False) -> None:
         """`compact` (short screens): no position header, no id row. Drawn again only if any of it (or the
         width, which decides the positions that fit) changed."""
-        key = (view, number, total, greedy, compact, self.size.width)
+        key = (view, number, total, greedy, compact, self.size.width, self.size.height)
         if unchanged(key, self._shown):
             return
         self._shown = key
@@ -77,14 +78,19 @@ class BlockView(Static):
             self._draw(Text("press space to draft and verify one block", style="dim"), Text(""))
             return
         s = view.step
+        title = f"block · step {number}/{total}" if number != total else f"block · step {number}"
+        if s.tree:  # a token tree: drawn as one, the verdict beside it
+            self._titles(title, f"tree of {len(s.tree['tokens'])} · accepted {s.accepted} · {s.wall_ms:.1f} ms")
+            width = (self.size.width or 80) - VERDICT - 4
+            self._draw(tree_text(view, greedy, max(width, 24), self.size.height or 8), self._verdict(view, greedy))
+            return
         sub = f"K {s.k}" + (f" (drafted {len(s.drafted)})" if len(s.drafted) != s.k else "")
         if s.policy and s.policy != "fixed":
             sub += f" · {s.policy}"
         positions = self._window(s)
         if len(positions) < len(s.drafted):
             sub += f" · positions {positions[0] + 1}-{positions[-1] + 1} of {len(s.drafted)}"
-        self._titles(f"block · step {number}/{total}" if number != total else f"block · step {number}",
-                     f"{sub} · {s.wall_ms:.1f} ms")
+        self._titles(title, f"{sub} · {s.wall_ms:.1f} ms")
         self._draw(self._table(view, greedy, compact, positions), self._verdict(view, greedy))
 
     def _draw(self, cells: Grid | Text, verdict: Text) -> None:

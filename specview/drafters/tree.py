@@ -1,0 +1,143 @@
+"""Token-tree drafters (docs/design.md §18): several candidate continuations, verified in one forward.
+
+    model;tree:b=2,d=4     every node up to depth d gets b children (a static shape: 2 + 4 + 8 + 16 nodes)
+    model;tree:nodes=16    EAGLE-2's dynamic tree: each level expands the b best nodes so far by draft
+                           probability (the product of q along the path), then the `nodes` best are kept
+    ngram;tree:b=3         the continuations of up to b earlier occurrences of the longest matching suffix
+
+A draft model feeds one level of the tree per forward (its rows see their ancestors only, like the
+target's verify). How siblings are drawn decides what the verify may assume about them:
+
+- static, sampling: the b children are drawn from q WITHOUT replacement, each from q with the earlier
+  siblings removed and renormalized; that law is the node's q row, as recursive rejection sampling needs
+  (the first child's law is q itself: `b=1` drafts exactly the chain).
+- dynamic and n-gram: the children are a deterministic function of the text (the top-b of q, the lookup's
+  matches), so each node's law is one-hot: the tree's shape may then depend on any draft probability
+  without touching what the verify assumes. Greedy: the top-b of q, and q rows are kept for display.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specview import trees
+from specview.drafters.base import Proposal
+from specview.drafters.ngram import all_continuations
+from specview.kvcache import keep_rows
+from specview.sampling import probs_from_logits, sample
+
+
+class TreeDrafter:
+    def __init__(self, base, shape, spec: str):
+        self.base, self.shape, self.spec = base, shape, spec  # base: a ModelDrafter or an NgramDrafter
+        self.lm = base.lm
+        if hasattr(base, "skip"):
+            self.skip = base.skip
+
+    def new_state(self):
+        return self.base.new_state()
+
+    def prefill(self, dec, state, head: list[int]) -> None:
+        self.base.prefill(dec, state, head)
+
+    def rollback(self, state, keep: int) -> None:
+        self.base.rollback(state, keep)
+
+    def keep_rows(self, state, base: int, rows: list[int]) -> None:
+        if state is not None:
+            keep_rows(state, base, rows)
+
+    def propose(self, dec, state, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
+        """A tree of depth at most k (the engine's room: N, the context). `keep_drafting` (p-min) is a
+        chain's policy and is not used here."""
+        if self.lm is None:
+            return self._ngram(dec, tokens, k)
+        return self._model(dec, state, tokens, k)
+
+    def _ngram(self, dec, tokens: list[int], k: int) -> Proposal:
+        with dec.timer.phase("draft"):
+            found = all_continuations(tokens, k, self.base.max_n, self.base.min_n, self.shape.b)
+            ids, parents, first = [], [], None
+            index: dict[tuple[int, ...], int] = {}  # a trie: shared prefixes are one node
+            for start, continuation in found:
+                first = first or (start, start + len(continuation))
+                for depth in range(1, len(continuation) + 1):
+                    key = tuple(continuation[:depth])
+                    if key not in index:
+                        index[key] = len(ids)
+                        ids.append(continuation[depth - 1])
+                        parents.append(index[key[:-1]] if depth > 1 else -1)
+            drafts = torch.tensor(ids, dtype=torch.long, device=dec.device)
+            q = torch.zeros(len(ids), dec.vocab, device=dec.device)
+            q[torch.arange(len(ids), device=dec.device), drafts] = 1.0  # one-hot: the proposal is certain
+        return Proposal(drafts, q, first, parents=parents)
+
+    def _model(self, dec, cache, tokens: list[int], k: int) -> Proposal:
+        timer, lm, shape = dec.timer, self.lm, self.shape
+        greedy, dynamic = dec.sampling.greedy, shape.nodes is not None
+        base = len(tokens)
+        with timer.phase("draft"):
+            logits = dec.forward(lm, cache, tokens[cache.get_seq_length():], keep=1)
+        ids: list[torch.Tensor] = []
+        laws: list[torch.Tensor] = []
+        parents: list[int] = []
+        scores: list[float] = []  # draft probability of the path to each node (dynamic trees)
+        rows: list[int] = []
+        frontier = [-1]
+        for level in range(1, k + 1):
+            new = []
+            with timer.phase("sample"):
+                with timer.phase("softmax"):
+                    q = probs_from_logits(logits, dec.sampling)
+                for i, parent in enumerate(frontier):
+                    for token, law, prob in self._children(q[i], dec, deterministic=dynamic or greedy):
+                        new.append(len(ids))
+                        ids.append(token)
+                        laws.append(law)
+                        parents.append(parent)
+                        scores.append(prob * (scores[parent] if parent >= 0 else 1.0))
+                        rows.append(-1)
+            if level == k or not new:
+                break
+            if dynamic:  # expand the b best of this level only
+                new = sorted(sorted(new, key=lambda j: -scores[j])[: shape.b])
+            cached = cache.get_seq_length()
+            for i, j in enumerate(new):
+                rows[j] = cached - base + i
+            layout = trees.append_layout(parents, rows, new, base, cached, dec.device)
+            with timer.phase("draft"):
+                logits = dec.forward(lm, cache, torch.stack([ids[j] for j in new]), tree=layout)
+            frontier = new
+        if dynamic and len(ids) > shape.nodes:
+            # Each node's score is at most its parent's, and ties go to the earlier index: the best `nodes`
+            # include every ancestor of theirs, so the kept set is a tree.
+            kept = sorted(sorted(range(len(ids)), key=lambda j: (-scores[j], j))[: shape.nodes])
+            new_index = {old: i for i, old in enumerate(kept)}
+            parents = [new_index[parents[j]] if parents[j] >= 0 else -1 for j in kept]
+            ids, laws, rows = [ids[j] for j in kept], [laws[j] for j in kept], [rows[j] for j in kept]
+        if not ids:
+            return Proposal(torch.zeros(0, dtype=torch.long, device=dec.device),
+                            torch.zeros(0, dec.vocab, device=dec.device))
+        return Proposal(torch.stack(ids), torch.stack(laws), parents=parents, draft_rows=rows)
+
+    def _children(self, q: torch.Tensor, dec, deterministic: bool):
+        """(token, the law it was drawn from, its draft probability) for up to b children of a node."""
+        b = self.shape.b
+        if deterministic:
+            values, order = torch.topk(q, min(b, q.shape[-1]))
+            for prob, token in zip(values.tolist(), order):
+                if prob <= 0:
+                    break
+                law = q if dec.sampling.greedy else torch.nn.functional.one_hot(token, q.shape[-1]).to(q.dtype)
+                yield token, law, prob
+            return
+        law = q
+        for _ in range(b):
+            token = sample(law, dec.generator)
+            yield token, law, 1.0
+            rest = law.clone()
+            rest[token] = 0.0
+            mass = float(rest.sum())  # a host read per sibling (the draft's own randomness decides how many)
+            if mass <= 0.0:
+                return
+            law = rest / mass

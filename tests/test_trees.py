@@ -1,0 +1,210 @@
+"""Token trees (docs/design.md §18): one forward over the flattened tree gives each node the logits of its own
+path (transformers' 4-D mask on GPT-2 and Llama, and fastdecode's forward); the cache keeps the accepted
+path only; greedy tree decoding equals greedy autoregressive decoding; sampled trees keep the target's exact
+law (test_lossless.py's enumeration test), and trying siblings against the unmodified p is caught."""
+
+import json
+
+import pytest
+import torch
+from test_lossless import CASES, N_TOKENS, exact_joint, tv, tv_threshold
+
+import specview.engine as engine
+from specview import fastdecode, kernels, trees
+from specview.drafters.model import ModelDrafter
+from specview.drafters.ngram import NgramDrafter
+from specview.drafters.specs import kind, split_specs, split_tree
+from specview.drafters.tree import TreeDrafter
+from specview.engine import Decoder
+from specview.errors import SpecviewError
+from specview.kvcache import keep_rows, new_cache
+from specview.settings import SamplingConfig
+
+PROMPT = [1, 5, 9, 11]
+SMALL = [1, 5, 3, 6]  # a prompt for the vocabulary-8 pairs
+BRANCHING = [5, 6, 7, 5, 6, 3, 5, 6]  # "5 6" was followed by 7 and by 3: an n-gram tree of two branches
+#        0   1   2   3   4   5   6      a tree of 7 nodes: two children of the root, branches of both
+PARENTS = [-1, -1, 0, 0, 1, 2, 4]
+NODES = [3, 7, 4, 12, 6, 3, 9]
+
+
+def tree_drafter(draft, options: str):
+    spec = f"{draft.spec if hasattr(draft, 'spec') else 'ngram'};{options}"
+    base = NgramDrafter("ngram:max=2,min=1") if draft is None else ModelDrafter(draft)
+    return TreeDrafter(base, split_tree(spec)[1], spec)
+
+
+def path_of(node: int) -> list[int]:
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = PARENTS[node]
+    return out[::-1]
+
+
+@pytest.mark.parametrize("forward", ["transformers", "fastdecode"])
+def test_one_forward_over_the_tree_gives_each_path_its_logits(loaded_pair, forward):
+    target, _ = loaded_pair
+    if forward == "fastdecode":  # the Llama family's forward, or fastgpt2's: the same loop, positions and mask
+        family, reason = kernels._family(target.model)
+        assert reason is None, reason
+        fastdecode.install(target.model, compiled=False, family=family)
+    try:
+        dec = Decoder(target, None, SamplingConfig(temperature=0))
+        cache = new_cache(target)
+        dec.forward(target, cache, PROMPT[:-2])
+        layout = trees.layout(PARENTS, len(PROMPT) - 2, 2, dec.device)  # two fed tokens, the root last
+        got = dec.forward(target, cache, PROMPT[-2:] + NODES, tree=layout)
+        for j in range(len(NODES)):
+            plain = dec.forward(target, new_cache(target), PROMPT + [NODES[i] for i in path_of(j)])
+            torch.testing.assert_close(got[2 + j], plain[-1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got[1], plain[len(PROMPT) - 1], atol=1e-4, rtol=1e-4)
+        # Keep node 6's path (1, 4, 6): the cache must then be that of the text followed by the path.
+        keep_rows(cache, len(PROMPT), path_of(6))
+        assert cache.get_seq_length() == len(PROMPT) + 3
+        after = dec.forward(target, cache, [8])
+        plain = dec.forward(target, new_cache(target), PROMPT + [NODES[i] for i in path_of(6)] + [8])
+        torch.testing.assert_close(after[-1], plain[-1], atol=1e-4, rtol=1e-4)
+    finally:
+        fastdecode.uninstall(target.model)
+
+
+SHAPES = ["tree:b=2,d=3", "tree:nodes=6,b=3,d=4", "tree:b=3,d=1"]
+
+
+@pytest.mark.parametrize("options", SHAPES + ["ngram"])
+def test_greedy_tree_equals_greedy_autoregressive(loaded_pair, options):
+    target, draft = loaded_pair
+    greedy = SamplingConfig(temperature=0)
+    prompt = BRANCHING if options == "ngram" else PROMPT
+    want = [t for s in Decoder(target, None, greedy, ignore_eos=True).generate(prompt, 30) for t in s.emitted]
+    drafter = tree_drafter(None, "tree:b=3") if options == "ngram" else tree_drafter(draft, options)
+    steps = list(Decoder(target, drafter, greedy, k=4, ignore_eos=True).generate(prompt, 30))
+    assert [t for s in steps for t in s.emitted] == want
+    records = [s.to_json()["tree"] for s in steps if s.tree is not None]
+    assert records, "some step must draft a tree wider than a chain"
+    for record in records:
+        trees.check(record["parents"])
+        assert record["path"] == [] or record["parents"][record["path"][0]] == -1
+        assert all(record["parents"][b] == a for a, b in zip(record["path"], record["path"][1:]))
+        assert record["r"] is None
+
+
+def test_fastdecode_tree_verify_is_greedy_equal(small_llama_pair):
+    target, draft = small_llama_pair
+    greedy = SamplingConfig(temperature=0)
+    want = [t for s in Decoder(target, None, greedy, ignore_eos=True).generate(SMALL, 24) for t in s.emitted]
+    for lm in (target, draft):
+        fastdecode.install(lm.model, compiled=False)
+    try:
+        steps = list(Decoder(target, tree_drafter(draft, "tree:b=2,d=3"), greedy, ignore_eos=True).generate(SMALL, 24))
+    finally:
+        for lm in (target, draft):
+            fastdecode.uninstall(lm.model)
+    assert [t for s in steps for t in s.emitted] == want
+    assert any(len(s.tree["path"]) > 1 and s.tree["path"] != list(range(len(s.tree["path"])))
+               for s in steps if s.tree), "an accepted path off the first branch must occur (rows gathered)"
+
+
+def test_a_tree_of_width_one_is_the_chain(small_vocab_pair):
+    """b=1 drafts exactly the chain: the same draws from the one generator, the same decisions."""
+    target, draft = small_vocab_pair
+    cfg = CASES["temperature 0.7, top-k 3"]
+    chain = [s.to_json() for s in Decoder(target, draft, cfg, k=3, seed=4, ignore_eos=True).generate(SMALL, 20)]
+    tree = [s.to_json() for s in Decoder(target, tree_drafter(draft, "tree:b=1,d=3"), cfg, k=3, seed=4,
+                                          ignore_eos=True).generate(SMALL, 20)]
+    fields = ("drafted", "q", "p", "r", "accepted", "rejected_at", "resampled", "bonus", "emitted")
+    assert [[s[f] for f in fields] for s in tree] == [[s[f] for f in fields] for s in chain]
+    assert all("tree" not in s for s in tree)
+
+
+LAW_SAMPLES = 1200  # 40% of test_lossless's: these run a tree drafter's extra forwards (tv_threshold is for this count)
+
+
+@pytest.fixture(scope="module")
+def fast_pair(small_llama_pair):
+    """The vocabulary-8 Llama pair on fastdecode's eager forward: the law tests' thousands of runs cost a
+    third of transformers' forward (what they test is the decision, the forward is tested above)."""
+    for lm in small_llama_pair:
+        fastdecode.install(lm.model, compiled=False)
+    yield small_llama_pair
+    for lm in small_llama_pair:
+        fastdecode.uninstall(lm.model)
+
+
+def tree_counts(target, drafter, cfg, prompt, samples=LAW_SAMPLES):
+    """Counts of the first three tokens, and how often a second or later sibling was tried."""
+    decoder = Decoder(target, drafter, cfg, k=2, seed=11, ignore_eos=True)
+    counts, later_siblings = torch.zeros(8**N_TOKENS, dtype=torch.float64), 0
+    for _ in range(samples):
+        run = decoder.start(prompt, N_TOKENS)
+        while not run.done:
+            step = run.step()
+            if step.tree:
+                first = {}
+                for j, parent in enumerate(step.tree["parents"]):
+                    first.setdefault(parent, j)
+                later_siblings += sum(first[step.tree["parents"][j]] != j
+                                      for j in step.tree["rejected"] + step.tree["path"])
+        a, b, c = run.generated
+        counts[(a * 8 + b) * 8 + c] += 1
+    return counts.numpy(), later_siblings
+
+
+def law_holds(counts, exact) -> bool:
+    """test_lossless's statistic on the joint law of three tokens, and on the first token's law alone (8
+    outcomes, not 512: a bias in how one node's siblings are tried shows there at a few hundred runs)."""
+    first, exact_first = counts.reshape(8, 8, 8).sum(axis=(1, 2)), exact.reshape(8, 8, 8).sum(axis=(1, 2))
+    return (tv(counts, exact) < tv_threshold(exact, LAW_SAMPLES)
+            and tv(first, exact_first) < tv_threshold(exact_first, LAW_SAMPLES))
+
+
+LAW_CASES = [("tree:b=2,d=2", "temperature 1"), ("tree:b=2,d=2", "temperature 0.7, top-k 3"),
+             ("tree:nodes=4,b=2,d=2", "temperature 1")]
+
+
+@pytest.mark.parametrize("options,cfg_name", LAW_CASES)
+def test_sampled_trees_keep_the_target_law(fast_pair, options, cfg_name):
+    """Static trees draw siblings from q without replacement (each node's law: q without its earlier
+    siblings); dynamic trees take the top-b of q (one-hot laws). Both through the same verify."""
+    target, draft = fast_pair
+    cfg = CASES[cfg_name]
+    exact = exact_joint(target, cfg, 8, prompt=SMALL[:2])
+    counts, later_siblings = tree_counts(target, tree_drafter(draft, options), cfg, SMALL[:2])
+    assert later_siblings > LAW_SAMPLES // 5, "later siblings must be tried often, or the test says nothing of them"
+    assert law_holds(counts, exact), f"{options}, {cfg_name}: output is not the target's law"
+
+
+def test_siblings_tried_against_the_unmodified_p_are_caught(fast_pair, monkeypatch):
+    """The tempting rule (each sibling tested against the target's own p, not against what the rejected
+    siblings left; after the last, the residual of p alone) gives a biased law: the same test rejects it."""
+    target, draft = fast_pair
+    cfg = CASES["temperature 1"]
+    monkeypatch.setattr(engine, "sibling_target", lambda residual, p: p)
+    exact = exact_joint(target, cfg, 8, prompt=SMALL[:2])
+    counts, _ = tree_counts(target, tree_drafter(draft, "tree:nodes=4,b=2,d=2"), cfg, SMALL[:2])
+    assert not law_holds(counts, exact)
+
+
+def test_tree_specs_parse_and_refuse():
+    assert split_tree("smollm2-135m@int4;tree:b=2,d=4")[1].size(4) == 30
+    assert split_specs("smollm2-135m@int4;tree:b=2,d=4,ngram;tree") == ["smollm2-135m@int4;tree:b=2,d=4", "ngram;tree"]
+    assert split_tree("x;tree:nodes=16")[1].size(8) == 16 and kind("ngram:max=3;tree:b=4") == "ngram"
+    assert split_tree("gpt2") == ("gpt2", None) and kind("self:skip=1-3;tree") == "self"
+    for bad in ("x;tree:b=0", "x;tree:b=99", "x;tree:q=1", "x;forest", ";tree", "ngram;tree:d=3", "x;tree:b=2,b=3"):
+        with pytest.raises(SpecviewError, match="--draft"):
+            kind(bad)
+
+
+def test_run_takes_a_tree_spec_and_records_the_tree(capsys, gpt2_paths):
+    from helpers import run_cli
+
+    draft = f"{gpt2_paths[1]};tree:b=2,d=3"
+    code, out, err = run_cli(capsys, "run", "--target", gpt2_paths[0], "--draft", f"{draft},ngram;tree:b=2",
+                             "--prompt", "w1 w2 w3", "-N", "16", "--jsonl", "-", "--temperature", "0", "--ignore-eos")
+    assert code == 0, err
+    steps = [json.loads(line) for line in out.splitlines() if '"type": "step"' in line or '"type":"step"' in line]
+    trees_seen = [s["tree"] for s in steps if "tree" in s]
+    assert trees_seen and all(len(t["tokens"]) == len(t["parents"]) == len(t["q"]) == len(t["p"]) for t in trees_seen)
+    code, out, err = run_cli(capsys, "run", "--target", gpt2_paths[0], "--draft", f"{gpt2_paths[1]};tree:b=0")
+    assert code == 2 and "tree b must be" in err and len(err.strip().splitlines()) == 1
