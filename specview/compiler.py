@@ -153,12 +153,17 @@ class AotFunction:
                                           machine.host_key(), str(torch.get_num_threads())]).encode() + code)
         path = os.path.join(aot_dir(), f"{self.fn.__name__}-{key.hexdigest()[:24]}.pt2")
         t0 = time.perf_counter()
+        loader = None
         if os.path.exists(path):
-            self.built = "loaded"
-        else:
+            try:
+                loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+                self.built = "loaded"
+            except Exception:  # noqa: BLE001 - a damaged package (a disk filled mid-write): build it again
+                os.remove(path)
+        if loader is None:
             _build(_Bound(self.fn, _template(args)), tuple(tensors), path)
             self.built = f"built in {time.perf_counter() - t0:.1f} s"
-        loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+            loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
         from torch.utils import _pytree
 
         out_spec = _pytree.treespec_loads(loader.get_call_spec()[1])

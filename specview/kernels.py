@@ -88,7 +88,14 @@ def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
         say(f"compiling {lm.spec}'s one-row forward (inductor; cached on disk after the first time)")
     t0 = time.perf_counter()
     runner = fastdecode.install(model, compiled=True, gemv=gemv, family=family)
-    _warm(runner)
+    try:
+        _warm(runner)
+    except Exception as err:  # noqa: BLE001 - a build that fails (the compiler, export) must not stop the run
+        fastdecode.uninstall(model)
+        why = f"the compiled forward could not be built: {type(err).__name__}: {str(err).splitlines()[0][:160]}"
+        if mode == "on":
+            raise SpecviewError(f"--compile on: {lm.spec}: {why} (use --compile auto or off)") from err
+        return ForwardChoice("eager", why)
     compile_s = time.perf_counter() - t0
     pieces = runner.pieces()
     how = _how_built(runner)

@@ -149,6 +149,27 @@ def test_ahead_of_time_packages_compute_the_same_and_a_second_model_loads_them(s
     assert {fn.built for fn in (second.fns.attn_in, second.fns.attn_out, second.fns.head)} == {"loaded"}
 
 
+@needs_compiler
+def test_a_build_that_fails_falls_back_to_eager_under_auto_and_is_one_line_under_on(small_llama_pair, monkeypatch,
+                                                                                    tmp_path):
+    target, _ = small_llama_pair
+    monkeypatch.delenv("SPECVIEW_COMPILE")
+    monkeypatch.setenv("SPECVIEW_AOT", "1")
+    monkeypatch.setattr(compiler, "aot_dir", lambda: str(tmp_path))  # no package built by another test
+    monkeypatch.setattr(kernels, "one_row_kernel", lambda model, say=None: "reduce")  # no probe: not under test
+
+    def broken_build(module, tensors, path):
+        raise RuntimeError("g++: internal compiler error\nmore lines")
+
+    monkeypatch.setattr(compiler, "_build", broken_build)
+    choice = kernels.prepare(target, "auto")
+    assert choice.mode == "eager" and "could not be built: RuntimeError: g++: internal compiler error" in choice.why
+    assert fastdecode.runner_for(target.model) is None
+    with pytest.raises(SpecviewError, match=r"--compile on: .*could not be built.*\(use --compile auto or off\)"):
+        kernels.prepare(target, "on")
+    assert fastdecode.runner_for(target.model) is None
+
+
 def test_compile_on_refuses_what_it_does_not_run(small_vocab_pair, monkeypatch):
     gpt2, _ = small_vocab_pair
     model = copy.deepcopy(gpt2.model)
