@@ -8,8 +8,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+class AcceptanceFigures:
+    """The acceptance metrics over counters named accepted, drafted, rejections and per_position_accepted /
+    _drafted: measured (Counts) or expected (whatif.Replay), defined once."""
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return ratio(self.accepted, self.drafted)
+
+    @property
+    def alpha(self) -> float | None:
+        return ratio(self.accepted, self.accepted + self.rejections)
+
+    @property
+    def per_position_acceptance(self) -> list[float | None]:
+        return [ratio(a, d) for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
+
+
 @dataclass
-class Counts:
+class Counts(AcceptanceFigures):
     """Acceptance and timing counters over steps: the ONE definition of the metrics (docs/design.md,
     "Metrics") for run, profiles, bench and the TUI. Rates are None (JSON null) over zero steps."""
 
@@ -84,14 +101,6 @@ class Counts:
         return (self.prefill_ms + self.steps_ms) / 1000
 
     @property
-    def acceptance_rate(self) -> float | None:
-        return ratio(self.accepted, self.drafted)
-
-    @property
-    def alpha(self) -> float | None:
-        return ratio(self.accepted, self.accepted + self.rejections)
-
-    @property
     def mean_emitted_per_step(self) -> float | None:
         return ratio(self.emitted, self.steps)
 
@@ -104,9 +113,6 @@ class Counts:
     def tokens_per_s(self) -> float | None:
         return ratio(self.emitted, self.wall_s)
 
-    @property
-    def per_position_acceptance(self) -> list[float | None]:
-        return [ratio(a, d) for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
 
     @property
     def conditional_position_acceptance(self) -> list[float | None]:

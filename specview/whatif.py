@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from specview.errors import SpecviewError
-from specview.metrics import CostCurve, fit_cost_curve, ratio
+from specview.metrics import AcceptanceFigures, CostCurve, fit_cost_curve, ratio
 from specview.policies import Policy, make_policy, parse_policy
 
 DISTS_SCHEMA = "specview.dists/1"
@@ -113,7 +113,7 @@ class StepCosts:
 
 
 @dataclass
-class Replay:
+class Replay(AcceptanceFigures):
     """Expected figures of one (drafter, policy, K) over the recorded runs."""
 
     drafter: str
@@ -142,14 +142,6 @@ class Replay:
         return ratio(self.tokens, self.steps)
 
     @property
-    def acceptance_rate(self) -> float | None:
-        return ratio(self.accepted, self.drafted)
-
-    @property
-    def alpha(self) -> float | None:
-        return ratio(self.accepted, self.accepted + self.rejections)
-
-    @property
     def speedup(self) -> float | None:
         """Predicted: autoregressive time / speculative time, overhead included."""
         return ratio(self.ar_ms, self.ms)
@@ -167,7 +159,7 @@ class Replay:
             "drafter": self.drafter, "policy": self.policy, "k": self.k, "tokens": self.tokens, "steps": self.steps,
             "tokens_per_step": self.tokens_per_step, "drafted": self.drafted, "accepted": self.accepted,
             "acceptance_rate": self.acceptance_rate, "alpha": self.alpha,
-            "per_position_acceptance": [ratio(a, d) for a, d in zip(self.per_position_accepted, self.per_position_drafted)],
+            "per_position_acceptance": self.per_position_acceptance,
             "conditional_position_acceptance": [ratio(a, r) for a, r in zip(self.per_position_accepted,
                                                                             self.per_position_reached)],
             "accepted_length_histogram": self.histogram, "predicted_ms": self.ms,
