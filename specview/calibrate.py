@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specview import machine
-from specview.files import ensure_writable_dir, write_json_atomic
+from specview.files import ensure_writable_dir, save_figure, write_json_atomic
 from specview.kvcache import crop_cache, new_cache
 from specview.metrics import CostCurve, fit_cost_curve
 from specview.session import Session, open_session
@@ -150,11 +150,7 @@ def terminal_plot(curve: CostCurve, width: int = 90, height: int = 18, color: bo
 
 def write_plot_files(curve: CostCurve, json_path: str, title: str) -> list[str]:
     """The curve as <stem>.png and <stem>.svg beside the JSON (matplotlib's Agg canvas, no display)."""
-    import os
-
     from matplotlib.figure import Figure
-
-    from specview.files import atomic_path
 
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.subplots()
@@ -169,12 +165,7 @@ def write_plot_files(curve: CostCurve, json_path: str, title: str) -> list[str]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=9)
-    stem = json_path[: -len(".json")] if json_path.endswith(".json") else json_path
-    paths = [stem + ".png", stem + ".svg"]
-    for path in paths:
-        with atomic_path(path, os.path.splitext(path)[1]) as tmp:
-            fig.savefig(tmp, dpi=110)
-    return paths
+    return save_figure(fig, json_path)
 
 
 def calibrate_command(args) -> int:

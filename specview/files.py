@@ -43,6 +43,16 @@ def write_json_atomic(path: str, obj, indent: int | None = None) -> None:
     write_text_atomic(path, lambda f: json.dump(obj, f, allow_nan=False, indent=indent))
 
 
+def save_figure(fig, json_path: str, dpi: int = 110) -> list[str]:
+    """A matplotlib figure beside its JSON document, as `.png` and `.svg` (each written atomically)."""
+    stem = json_path[: -len(".json")] if json_path.endswith(".json") else json_path
+    paths = [stem + ".png", stem + ".svg"]
+    for path in paths:
+        with atomic_path(path, os.path.splitext(path)[1]) as tmp:
+            fig.savefig(tmp, dpi=dpi)
+    return paths
+
+
 def ensure_writable_dir(path: str, option: str) -> None:
     """Create `path` if needed and prove it takes a file; SpecviewError (one line) naming `option` if not."""
     try:

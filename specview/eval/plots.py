@@ -5,11 +5,10 @@ from a file too."""
 
 from __future__ import annotations
 
-import os
-
 from rich.text import Text
 
 from specview.eval.summary import AUTOREGRESSIVE
+from specview.files import save_figure
 from specview.metrics import ratio
 
 MARKERS = ["█", "▒", "░", "▓", "#", "+", "o", "x"]  # series without colour (a pipe, a log file)
@@ -95,14 +94,7 @@ def write_plot_files(doc: dict, json_path: str) -> list[str]:
     fig.suptitle(f"specview eval · target {c.get('target')} · N {c.get('max_new_tokens')} · K {c.get('k')} · "
                  f"temperature {temperature}{' (greedy)' if temperature == 0 else ''} · "
                  f"{len({r['prompt_id'] for r in doc.get('results') or []})} prompts", fontsize=11)
-    stem = json_path[: -len(".json")] if json_path.endswith(".json") else json_path
-    paths = [stem + ".png", stem + ".svg"]
-    from specview.files import atomic_path
-
-    for path in paths:
-        with atomic_path(path, os.path.splitext(path)[1]) as tmp:
-            fig.savefig(tmp, dpi=110)
-    return paths
+    return save_figure(fig, json_path)
 
 
 def _bars(ax, labels: list[str], series: list[list[float]], names: list[str]) -> None:
