@@ -118,12 +118,12 @@ def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
 
 def _family(model) -> tuple[type, str | None]:
     """The fast forward's class for this model's family, and None or why the model cannot run it."""
-    if getattr(model.config, "model_type", None) == "gpt2":
+    kind = getattr(model.config, "model_type", None)
+    if kind == "gpt2":
         return fastgpt2.GPT2Forward, fastgpt2.unsupported_reason(model)
-    reason = fastdecode.unsupported_reason(model)
-    if reason and reason.startswith("model type"):
-        reason = f"{reason} or gpt2"
-    return fastdecode.FastForward, reason
+    if kind not in fastdecode.FAMILIES:
+        return fastdecode.FastForward, f"model type {kind!r} is not one of {', '.join(fastdecode.FAMILIES)} or gpt2"
+    return fastdecode.FastForward, fastdecode.unsupported_reason(model)
 
 
 def _how_built(runner) -> str:
