@@ -229,10 +229,10 @@ class Goodput(Policy):
 
     def budget(self, k: int, key=None) -> int:
         f = self.figures(key)
+        other = median(f.other_ms) if f.other_ms else 0.0
         if self.curve_draft_ms is not None:
             if not f.tried:
                 return k  # the costs are known, the acceptance not yet: draft K
-            other = median(f.other_ms) if f.other_ms else 0.0
             costs = [other + b * self.curve_draft_ms + self.curve.target_ms(b + 1) for b in range(k + 1)]
         else:
             if not f.verify:
@@ -241,7 +241,6 @@ class Goodput(Policy):
             if line is None:  # one row count measured: measure another (K/2, or none at K = 1)
                 return k // 2 if f.verify[0][0] == k + 1 else k
             draft = median(f.draft_ms) if f.draft_ms else 0.0
-            other = median(f.other_ms) if f.other_ms else 0.0
             a, slope = line
             costs = [other + b * draft + a + slope * (b + 1) for b in range(k + 1)]
         best, best_rate = k, -1.0
