@@ -146,11 +146,9 @@ class AotFunction:
     def _load_or_build(self, args, tensors) -> None:
         from specview import machine
 
-        source = inspect.getsourcefile(self.fn)
-        with open(source, "rb") as f:  # an edit of the function's module builds it again
-            code = f.read()
-        key = hashlib.sha256("\n".join([self.fn.__qualname__, _signature(args), torch.__version__,
-                                          machine.host_key(), str(torch.get_num_threads())]).encode() + code)
+        key = hashlib.sha256("\n".join([self.fn.__qualname__, _signature(args), torch.__version__, machine.host_key(),
+                                          str(torch.get_num_threads()), _source_digest(inspect.getsourcefile(self.fn))
+                                          ]).encode())
         path = os.path.join(aot_dir(), f"{self.fn.__name__}-{key.hexdigest()[:24]}.pt2")
         t0 = time.perf_counter()
         loader = None
@@ -169,6 +167,13 @@ class AotFunction:
         out_spec = _pytree.treespec_loads(loader.get_call_spec()[1])
         self.unflatten = lambda flat: _pytree.tree_unflatten(flat, out_spec)
         self.run = loader.run
+
+
+@functools.cache
+def _source_digest(path: str) -> str:
+    """An edit of the functions' module builds them again (six functions share two files: read once each)."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def _build(module: torch.nn.Module, tensors: tuple, path: str) -> None:
