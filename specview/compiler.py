@@ -24,6 +24,7 @@ import inspect
 import os
 import shutil
 import time
+import warnings
 
 import torch
 
@@ -103,10 +104,31 @@ def _template(args):
                  for a in args)
 
 
-def _signature(args) -> str:
-    """Everything a build depends on in the arguments: each tensor's shape, stride and dtype, every other value."""
-    return repr(tuple((tuple(a.shape), a.stride(), str(a.dtype)) if isinstance(a, torch.Tensor)
-                      else _signature(a) if isinstance(a, tuple) else a for a in args))
+def _signature(args, row_dims=()) -> str:
+    """Everything a build depends on in the arguments: each tensor's shape, stride and dtype, every other value.
+    `row_dims` (one per argument: the dimension that counts rows, or None) are left out: they stay symbolic."""
+    row_dims = tuple(row_dims) + (None,) * (len(args) - len(row_dims))
+
+    def shape(a, dim):
+        return tuple("rows" if i == dim else size for i, size in enumerate(a.shape))
+
+    def stride(a, dim):  # a stride that is a multiple of the rows is symbolic too
+        return tuple("rows" if dim is not None and i < dim else step for i, step in enumerate(a.stride()))
+
+    return repr(tuple((shape(a, dim), stride(a, dim), str(a.dtype)) if isinstance(a, torch.Tensor)
+                      else _signature(a) if isinstance(a, tuple) else a for a, dim in zip(args, row_dims)))
+
+
+def _dynamic_shapes(args, row_dims) -> tuple:
+    """torch.export's dynamic_shapes for the flat tensor list: {dim: ROWS} where an argument counts rows."""
+    rows = torch.export.Dim("rows", min=2, max=MAX_ROWS)
+    out = []
+    for a, dim in zip(args, row_dims):
+        if isinstance(a, torch.Tensor):
+            out.append(None if dim is None else {dim: rows})
+        elif isinstance(a, tuple):
+            out.extend([None] * len(_tensors(a, [])))
+    return tuple(out)
 
 
 class _Bound(torch.nn.Module):
@@ -125,19 +147,28 @@ class _Bound(torch.nn.Module):
         return self.fn(*fill(self.template))
 
 
+MAX_ROWS = 1 << 16  # the most rows a function of several rows is built for (a prefill of the longest context)
+
+
 class AotFunction:
     """`fn` built ahead of time (AOTInductor) for the signature of its first call, then called with the same
-    signature only: its caller (fastdecode's one-row forward of one model) passes arguments of the same
-    shapes, dtypes and constants every time, so no call is checked. Loaded from the package cache when an
-    earlier process built it; `built` says which ("loaded" or "built in N s")."""
+    signature only: its caller (fastdecode's forward of one model) passes arguments of the same shapes, dtypes
+    and constants every time, so no call is checked. With `rows` ({parameter name: dimension}), the rows of
+    those arguments stay symbolic: one package serves every row count from 2 up (a verify, a prefill). Loaded
+    from the package cache when an earlier process built it; `built` says which ("loaded" or "built in N s")."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, rows: dict[str, int] | None = None):
         self.fn = fn
+        names = list(inspect.signature(fn).parameters)
+        self.row_dims = tuple((rows or {}).get(name) for name in names)
+        self.symbolic = any(dim is not None for dim in self.row_dims)
         self.run = None
         self.unflatten = None
         self.built: str | None = None
 
     def __call__(self, *args):
+        if self.symbolic:  # the build saw these rows contiguous; the attention's output need not be (its kernel's layout)
+            args = tuple(a.contiguous() if dim is not None else a for a, dim in zip(args, self.row_dims))
         tensors = _tensors(args, [])
         if self.run is None:
             self._load_or_build(args, tensors)
@@ -146,10 +177,12 @@ class AotFunction:
     def _load_or_build(self, args, tensors) -> None:
         from specview import machine
 
-        key = hashlib.sha256("\n".join([self.fn.__qualname__, _signature(args), torch.__version__, machine.host_key(),
+        key = hashlib.sha256("\n".join([self.fn.__qualname__, _signature(args, self.row_dims), torch.__version__,
+                                          machine.host_key(),
                                           str(torch.get_num_threads()), _source_digest(inspect.getsourcefile(self.fn))
                                           ]).encode())
-        path = os.path.join(aot_dir(), f"{self.fn.__name__}-{key.hexdigest()[:24]}.pt2")
+        kind = "-rows" if self.symbolic else ""
+        path = os.path.join(aot_dir(), f"{self.fn.__name__}{kind}-{key.hexdigest()[:24]}.pt2")
         t0 = time.perf_counter()
         loader = None
         if os.path.exists(path):
@@ -159,7 +192,8 @@ class AotFunction:
             except Exception:  # noqa: BLE001 - a damaged package (a disk filled mid-write): build it again
                 os.remove(path)
         if loader is None:
-            _build(_Bound(self.fn, _template(args)), tuple(tensors), path)
+            dynamic = _dynamic_shapes(args, self.row_dims) if kind else None
+            _build(_Bound(self.fn, _template(args)), tuple(tensors), path, dynamic)
             self.built = f"built in {time.perf_counter() - t0:.1f} s"
             loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
         from torch.utils import _pytree
@@ -176,7 +210,7 @@ def _source_digest(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def _build(module: torch.nn.Module, tensors: tuple, path: str) -> None:
+def _build(module: torch.nn.Module, tensors: tuple, path: str, dynamic_shapes=None) -> None:
     """Export and build one package; written beside its final name and renamed, so a process that loads it
     never sees half a file (two processes building the same one both succeed)."""
     configure()  # inductor's cache folder: the precompiled header and kernels are reused across builds
@@ -184,6 +218,9 @@ def _build(module: torch.nn.Module, tensors: tuple, path: str) -> None:
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     partial = f"{path}.{os.getpid()}.partial.pt2"
-    exported = torch.export.export(module, tensors, strict=False)
-    torch._inductor.aoti_compile_and_package(exported, package_path=partial)
+    dynamic = None if dynamic_shapes is None else (dynamic_shapes,)  # forward(*tensors): one varargs entry
+    with warnings.catch_warnings():  # torch's own deprecation notices inside export (LeafSpec): not the user's to act on
+        warnings.simplefilter("ignore", FutureWarning)
+        exported = torch.export.export(module, tensors, dynamic_shapes=dynamic, strict=False)
+        torch._inductor.aoti_compile_and_package(exported, package_path=partial)
     os.replace(partial, path)

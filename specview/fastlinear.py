@@ -173,6 +173,21 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
 
 
+@torch.library.custom_op("specview::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """x [rows, in] times a weight `pack`ed for oneDNN, as an operator a compiled graph can call. Inductor cannot
+    lower oneDNN's linear on a packed weight that is an argument (its lowering wants a constant it packed
+    itself), so to inductor this is an opaque call: the norms, rotary and activations around it fuse, and a
+    verify's or prefill's rows run compiled too. `out_features`: the output's width, which the packed tensor
+    does not say to a graph being traced."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x, packed, bias, out_features):
+    return x.new_empty(x.shape[0], out_features)
+
+
 def _packed_weight(module: torch.nn.Linear) -> torch.Tensor:
     weight = module.weight
     key = (weight.data_ptr(), weight.dtype, weight._version)

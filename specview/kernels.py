@@ -3,7 +3,7 @@
 `--compile auto|on|off` (Settings.compile):
 
     off   transformers' own forward (fastlinear's packed matmuls inside it); every norm hook fires
-    on    fastdecode's forward, one-row steps compiled with inductor (an error where it cannot run): built
+    on    fastdecode's forward compiled with inductor, one row and several (an error where it cannot run): built
           ahead of time into packages a later start loads in milliseconds (compiler.AotFunction), or by
           torch.compile with SPECVIEW_AOT=0
     auto  `on` where the model can run it and a probe on this machine finds it faster, else `off`
@@ -130,15 +130,17 @@ def _how_built(runner) -> str:
     """'built ahead of time (loaded)' / '(built in 31.0 s)', or 'torch.compile': for --verbose and the profile."""
     if runner.backend != "aot":
         return "torch.compile"
-    states = sorted({fn.built for fn in (runner.fns.attn_in, runner.fns.attn_out, runner.fns.head) if fn.built})
+    functions = [getattr(fns, name) for fns in (runner.fns, runner.fns_rows) for name in ("attn_in", "attn_out", "head")]
+    states = sorted({fn.built for fn in functions if fn.built})
     return f"built ahead of time ({', '.join(states) or 'not yet run'})"
 
 
 def _warm(runner) -> None:
-    """Compile (or load from the disk cache) the one-row graphs before the first timed step."""
+    """Compile (or load from the disk cache) the graphs of one row and of several before the first timed step."""
     cache = runner.new_cache()
-    runner(torch.zeros(2, dtype=torch.long), cache, 1)  # a two-row prefill: eager
-    runner(torch.zeros(1, dtype=torch.long), cache, 1)  # one row: compiled now
+    runner(torch.zeros(5, dtype=torch.long), cache, 1)  # a prefill: several rows, then the head of one
+    runner(torch.zeros(1, dtype=torch.long), cache, 1)  # one row
+    runner(torch.zeros(5, dtype=torch.long), cache, 5)  # a verify: the head of several rows
 
 
 def _probe_forward(lm, runner, rounds: int = 7) -> tuple[float, float]:

@@ -134,19 +134,25 @@ def test_compiled_law_test_has_power(compiled_pair, monkeypatch):
 
 @needs_compiler
 def test_ahead_of_time_packages_compute_the_same_and_a_second_model_loads_them(small_llama_pair, monkeypatch):
-    """The default compiled backend (compiler.AotFunction): the one-row functions exported and built once for
-    this model's shapes, then loaded from the package cache by the next runner, with the same numbers."""
+    """The default compiled backend (compiler.AotFunction): the functions of one row and of several exported and
+    built once for this model's shapes (the rows symbolic: one package for a prefill of 4 and verifies of 3 and
+    2), then loaded from the package cache by the next runner, with the same numbers."""
     target, _ = small_llama_pair
     monkeypatch.setenv("SPECVIEW_AOT", "1")
     first = fastdecode.FastForward(target.model, compiled=True, gemv="reduce")
     assert first.backend == "aot"
-    ids = PROMPT + [2]  # a prefill of 4, then three one-row steps: each compiled function runs 3 times
-    got = fast_logits(first, ids, splits=(4, 1, 1, 1))
+    ids = PROMPT + [2, 3, 4, 2]
+    splits = (4, 1, 1, 3, 2)  # a prefill of 4, two one-row steps, verifies of 3 and 2 rows (logits of every row)
+    got = fast_logits(first, ids, splits=splits)
     assert torch.allclose(got, hf_logits(target, ids), atol=1e-4)
-    assert all(fn.built.startswith("built in") for fn in (first.fns.attn_in, first.fns.attn_out, first.fns.head))
+
+    def states(runner):
+        return [getattr(fns, name).built for fns in (runner.fns, runner.fns_rows) for name in ("attn_in", "attn_out", "head")]
+
+    assert all(state.startswith("built in") for state in states(first))
     second = fastdecode.FastForward(target.model, compiled=True, gemv="reduce")
-    assert torch.equal(fast_logits(second, ids, splits=(4, 1, 1, 1)), got)
-    assert {fn.built for fn in (second.fns.attn_in, second.fns.attn_out, second.fns.head)} == {"loaded"}
+    assert torch.equal(fast_logits(second, ids, splits=splits), got)
+    assert set(states(second)) == {"loaded"}
 
 
 @needs_compiler
@@ -158,7 +164,7 @@ def test_a_build_that_fails_falls_back_to_eager_under_auto_and_is_one_line_under
     monkeypatch.setattr(compiler, "aot_dir", lambda: str(tmp_path))  # no package built by another test
     monkeypatch.setattr(kernels, "one_row_kernel", lambda model, say=None: "reduce")  # no probe: not under test
 
-    def broken_build(module, tensors, path):
+    def broken_build(module, tensors, path, dynamic_shapes=None):
         raise RuntimeError("g++: internal compiler error\nmore lines")
 
     monkeypatch.setattr(compiler, "_build", broken_build)
