@@ -265,10 +265,13 @@ class FastForward:
         positions = torch.arange(start, start + rows) if tree is None else tree[0]
         h, positional = self._embed(model, ids, positions)
         end = start + rows
-        # Queries see every cached position and the new rows up to their own (a causal block at the end).
-        mask = None if rows == 1 else torch.ones(rows, end, dtype=torch.bool).tril(start)
-        if tree is not None and rows > 1:
-            mask = tree[1]  # a token tree: each node sees its ancestors only
+        mask = None
+        if rows > 1:
+            # Queries see every cached position and the new rows up to their own (a causal block at the end), or
+            # in a token tree each node its ancestors only. Additive, made once: attention would turn a boolean
+            # mask into this in every layer.
+            allowed = torch.ones(rows, end, dtype=torch.bool).tril(start) if tree is None else tree[1]
+            mask = torch.zeros(rows, end, dtype=self.kv_dtype).masked_fill_(~allowed, float("-inf"))
         for i, w in enumerate(self.layers):
             q, k, v = self._layer_in(fns, h, w, positional, gemv)
             cache.keys[i][:, :, start:end] = k
