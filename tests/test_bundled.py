@@ -1,6 +1,6 @@
-"""The real default pair: the bundled SmolLM2-135M GGUF as float32 target and its int4 copy as draft
-(the target's own 4-bit codes on torch's int4 kernel). One load for the module (which also fills the
-weights cache); no timing is asserted."""
+"""The real default pair: the bundled SmolLM2-135M GGUF as float32 target and its int4 copy with a 4-bit head
+as draft (the target's own 4-bit layer codes on torch's int4 kernel). One load for the module (which also
+fills the weights cache); no timing is asserted."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ import torch
 from specview.engine import Decoder
 from specview.models import load_pair
 from specview.session import encode_prompt
-from specview.settings import DEFAULT_DRAFT, DEFAULT_PROMPT, DEFAULT_TARGET, SamplingConfig
+from specview.settings import DEFAULT_DRAFT, DEFAULT_PROMPT, DEFAULT_TARGET, SamplingConfig, Settings
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,20 @@ def test_greedy_speculative_equals_autoregressive_on_the_real_model(bundled):
     assert len(steps) < 24  # the int4 draft is accepted most of the time
     text = target.tokenizer.decode(spec)
     assert len(text.split()) > 5
+
+
+def test_the_default_session_shows_rejections_like_a_real_pair(bundled):
+    """`specview run` with no arguments (temperature 0.6, seed 0, K 4, 64 tokens): the draft is rejected in its
+    first 10 steps and accepted on 50-90% of its drafts, as a gpt2 / gpt2-xl pair is; a draft holding the
+    target's own codes everywhere accepted 100% and showed a new user no rejection at all."""
+    target, draft = bundled
+    defaults = Settings()
+    prompt = encode_prompt(target.tokenizer, defaults.prompt, chat=False)
+    decoder = Decoder(target, draft, defaults.sampling, k=defaults.k, seed=defaults.seed)
+    steps = list(decoder.generate(prompt, defaults.max_new_tokens))
+    assert any(s.rejected_at is not None for s in steps[:10])
+    drafted, accepted = sum(len(s.drafted) for s in steps), sum(s.accepted for s in steps)
+    assert 0.5 <= accepted / drafted <= 0.9, (accepted, drafted)
 
 
 def test_chat_template_wraps_the_prompt(bundled):

@@ -6,8 +6,11 @@ import argparse
 
 from specview.bench.schema import PEERS
 from specview.options import Parser, add_run_options, allow_policy_list, number_type
+from specview.settings import BENCH_DRAFTS, DEFAULT_DRAFT
 
-BENCH_DEFAULTS = {"ignore_eos": True}  # equal token counts for every method; other defaults as `run` (DESIGN)
+# Equal token counts for every method, and both bundled drafts (the default one and the fastest) timed side by
+# side; other defaults as `run` (DESIGN).
+BENCH_DEFAULTS = {"ignore_eos": True, "draft": BENCH_DRAFTS}
 
 
 def parse_sweep(text: str) -> list[int]:
@@ -49,9 +52,11 @@ def build_bench_parser() -> argparse.ArgumentParser:
     add_run_options(p)
     allow_policy_list(p, "bench")
     p.set_defaults(**BENCH_DEFAULTS)
-    for action in p._actions:  # show the bench default in --help
+    for action in p._actions:  # show the bench defaults in --help
         if action.dest == "ignore_eos":
             action.help = "keep going past the end-of-sequence token (bench default: on)"
+        elif action.dest == "draft":
+            action.help = action.help.replace(f"(default {DEFAULT_DRAFT})", f"(bench default {BENCH_DRAFTS})")
     g = p.add_argument_group("bench")
     g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="stop at EOS (methods may then emit different numbers of tokens)")
