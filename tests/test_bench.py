@@ -49,6 +49,7 @@ def test_bench_defaults_and_no_ignore_eos():
     args = parser.parse_args([])
     assert (args.temperature, args.max_new_tokens, args.ignore_eos) == (0.6, 64, True)  # DESIGN defaults
     assert BENCH_DEFAULTS["ignore_eos"] and args.num_runs >= 1 and args.peer is None
+    assert args.draft == "smollm2-135m@int4+head,smollm2-135m@int4"  # the default draft and the fastest, side by side
     assert parser.parse_args(["--no-ignore-eos"]).ignore_eos is False
     assert parser.parse_args(["--ignore-eos"]).ignore_eos is True
     args = parser.parse_args(["--target-model", "a", "--draft-model", "b", "--input-str", "x", "--N", "7",

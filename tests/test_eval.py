@@ -411,7 +411,7 @@ def test_eval_defaults():
 
     args = build_eval_parser().parse_args([])
     assert (args.temperature, args.draft, args.chat, args.prompts, args.prompt) == \
-        (0.0, "smollm2-135m@int4,ngram", None, "builtin", None)
+        (0.0, "smollm2-135m@int4+head,ngram", None, "builtin", None)
     assert build_eval_parser().parse_args(["--no-chat"]).chat is False
     assert build_eval_parser().parse_args(["--chat"]).chat is True
 
