@@ -12,6 +12,7 @@ DEFAULT_TARGET = BUNDLED_ALIAS
 # that wins on a CPU (c ~0.45 against ~0.85 for the bfloat16 copy); it holds the target's own 4-bit codes.
 DEFAULT_DRAFT = BUNDLED_ALIAS + "@int4"
 K_MAX = 32  # the most drafts per step anywhere (the TUI's +, a request's k): wider blocks only waste draft forwards
+K_LIMIT = 4096  # the largest K a file read back may name (-K itself is unbounded); past it the file is damaged
 DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
 
 
