@@ -85,6 +85,7 @@ spec_item = st.one_of(ngram, skip, model, tree, st.just("self:auto"), st.just("s
 @example("self:skip=" + "1" * 5000)  # found: int() over 4300 digits raised ValueError
 @example("ngram:max=1" + "0" * 5000)  # a 10,000-character message: quoted cut short now
 @example("@\n0")  # found: a newline quoted as is split the one line
+@example("~\x00")  # found by make fuzz: os.path.expanduser raised ValueError (embedded null byte)
 @example("gpt2;tree:b=²")  # found: isdigit() took it, int() raised ValueError
 @example("gpt2;tree:nodes=" + "1" * 5000)  # found: int() over 4300 digits raised ValueError
 def test_any_draft_spec_parses_or_is_one_line(text):
