@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from specview import machine
 from specview.metrics import CostCurve, CostModel, best_k, break_even_cost
+from specview.settings import K_LIMIT
 
 MIN_MAX_K = 8  # K tried when predicting the best one: 1 to max(8, 2 K). Without a cost curve v is the one
 # measured at K, and a longer verify costs more, so predictions far from the measured K would overstate it.
@@ -55,7 +56,8 @@ class Figures:
 
     @property
     def ks(self) -> range:
-        return range(1, max(MIN_MAX_K, 2 * (self.k or 1)) + 1)
+        # a K past K_LIMIT comes from a damaged file: 10**19 made the search list eat the memory (report was killed)
+        return range(1, max(MIN_MAX_K, 2 * min(self.k or 1, K_LIMIT)) + 1)
 
     def model(self, **changes) -> CostModel:
         """The cost model of these figures (K = the drafts actually made), with `changes` applied."""

@@ -70,6 +70,8 @@ def parse_spec(spec: str) -> ModelSource:
 def _parse_name(spec: str, name: str, dtype: torch.dtype | None) -> ModelSource:
     if not name:
         raise SpecviewError(f"empty model name in '{shown(spec)}'")
+    if "\x00" in name:  # no path or hub name holds one, and os.path.expanduser('~\x00') raises ValueError
+        raise SpecviewError(f"a NUL character in the model name '{shown(spec)}'")
     if name == BUNDLED_ALIAS:
         found = importlib.util.find_spec(BUNDLED_PACKAGE)
         if found is None or not found.submodule_search_locations:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from statistics import median
 
-from specview.errors import SpecviewError
+from specview.errors import SpecviewError, quoted, shown
 
 NAMES = ("fixed", "p-min=X", "heuristic", "goodput")
 
@@ -35,7 +35,7 @@ def parse_policy(text: str) -> str:
     if spec in ("fixed", "heuristic", "goodput"):
         return spec
     if "," in spec:
-        raise SpecviewError(f"--draft-policy {text}: one policy here (a comma-separated list is for bench and eval)")
+        raise SpecviewError(f"--draft-policy {shown(text)}: one policy here (a comma-separated list is for bench and eval)")
     name, _, value = spec.partition("=")
     if name in ("p-min", "pmin", "p_min"):
         try:
@@ -43,9 +43,9 @@ def parse_policy(text: str) -> str:
         except ValueError:
             cut = -1.0
         if not 0.0 < cut < 1.0:
-            raise SpecviewError(f"--draft-policy {text}: p-min needs a cut-off between 0 and 1, e.g. p-min=0.6")
+            raise SpecviewError(f"--draft-policy {shown(text)}: p-min needs a cut-off between 0 and 1, e.g. p-min=0.6")
         return f"p-min={cut:g}"
-    raise SpecviewError(f"--draft-policy {text!r}: use fixed, p-min=X (0 < X < 1), heuristic or goodput")
+    raise SpecviewError(f"--draft-policy {quoted(text)}: use fixed, p-min=X (0 < X < 1), heuristic or goodput")
 
 
 def parse_policies(text: str) -> list[str]:
@@ -53,11 +53,11 @@ def parse_policies(text: str) -> list[str]:
     comma (p-min's cut-off is a decimal point: p-min=0.6), so the list splits on commas."""
     parts = [part.strip() for part in text.split(",")]
     if not text.strip() or any(not part for part in parts):
-        raise SpecviewError(f"--draft-policy {text}: give one policy or a comma-separated list like fixed,goodput")
+        raise SpecviewError(f"--draft-policy {shown(text)}: give one policy or a comma-separated list like fixed,goodput")
     specs = [parse_policy(part) for part in parts]
     twice = next((spec for i, spec in enumerate(specs) if spec in specs[:i]), None)
     if twice is not None:
-        raise SpecviewError(f"--draft-policy {text}: {twice} is given twice")
+        raise SpecviewError(f"--draft-policy {shown(text)}: {twice} is given twice")
     return specs
 
 

@@ -7,6 +7,8 @@ import torch
 
 from specview.settings import SamplingConfig
 
+TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32 (1.2e-38)
+
 
 def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """Rows of logits [..., V] -> rows of probabilities in float32 after temperature, top-k and top-p.
@@ -17,8 +19,11 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
     logits = logits.float()
     if cfg.greedy:
         return torch.softmax(logits, dim=-1)
-    # Shift by the max first: at a tiny temperature logits / T would overflow to inf and give NaN.
-    logits = (logits - logits.max(dim=-1, keepdim=True).values) / cfg.temperature
+    # Shift by the max first: at a tiny temperature logits / T would overflow to inf and give NaN. T itself
+    # meets the float32 logits as a float32: below the smallest normal float32 it is 0 (1e-320 -> 0/0 = NaN,
+    # and the NaN row drew the vocabulary's last token). At TINY every gap between two float32 logits is
+    # already -inf after the division, so the law is the same as at any smaller T: the argmax (ties shared).
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / max(cfg.temperature, TINY)
     if cfg.top_k and cfg.top_k < logits.shape[-1]:
         kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -26,8 +31,9 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
     if cfg.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        sorted_probs = sorted_probs.masked_fill(mass_before >= cfg.top_p, 0.0)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays: its mass before is
+        # 0, and a top_p below TINY would be 0 in float32, so 0 >= 0 would drop it and leave a NaN row).
+        sorted_probs = sorted_probs.masked_fill(mass_before >= max(cfg.top_p, TINY), 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs

@@ -17,6 +17,7 @@ DEFAULT_DRAFT = BUNDLED_ALIAS + "@int4+head"
 EXACT_DRAFT = BUNDLED_ALIAS + "@int4"
 BENCH_DRAFTS = f"{DEFAULT_DRAFT},{EXACT_DRAFT}"  # bench's default: the real-pair draft and the fastest one
 K_MAX = 32  # the most drafts per step anywhere (the TUI's +, a request's k): wider blocks only waste draft forwards
+K_LIMIT = 4096  # the largest K a file read back may name (-K itself is unbounded); past it the file is damaged
 DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
 
 

@@ -229,10 +229,17 @@ def test_one_source_in_two_dtypes_is_never_cast_twice(gpt2_paths):
     assert target.model is draft.model  # same spec twice: one model, two caches
 
 
-def test_a_tiny_temperature_is_greedy_not_nan(loaded_pair):
+# 1e-40 and 1e-320 are 0 as float32 (the logits' type): 0 / 0 made NaN rows, which drew the last token of the
+# vocabulary every time (a request with "temperature": 1e-320 got id V-1 over and over). A top_p of 5e-324 is 0
+# in float32 too, and dropped even the first token.
+@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1e-30), SamplingConfig(temperature=1e-40),
+                                 SamplingConfig(temperature=1e-320), SamplingConfig(temperature=1e-320, top_k=3),
+                                 SamplingConfig(temperature=1.0, top_p=5e-324), SamplingConfig(top_p=1e-40)],
+                         ids=["T=1e-30", "T=1e-40", "T=1e-320", "T=1e-320,top_k=3", "top_p=5e-324", "top_p=1e-40"])
+def test_a_tiny_temperature_or_top_p_is_greedy_not_nan(loaded_pair, cfg):
     target, draft = loaded_pair
     greedy, _ = generate(target, None, GREEDY, n=20)
-    cold, steps = generate(target, draft, SamplingConfig(temperature=1e-30), n=20)
+    cold, steps = generate(target, draft, cfg, n=20)
     assert cold.generated == greedy.generated
     assert all(0 < q <= 1 for s in steps for q in s.q)
 

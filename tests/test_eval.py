@@ -70,6 +70,10 @@ def test_limit_per_category_and_categories_filter():
     ('{"prompt": "ok"}\n\n{"text": "x"}\n', "bad.jsonl", "line 3: no \"prompt\" or \"turns\" field"),
     ('{"turns": []}\n', "bad.jsonl", "line 1: \"turns\" must be a non-empty list"),
     ('[1, 2]\n', "bad.jsonl", "line 1: a JSON list"),
+    ('null\n', "bad.jsonl", "line 1: a JSON null, not an object"),
+    # past json's own limits: these raised ValueError and RecursionError with a traceback
+    ('{"prompt": "a", "id": 1' + "0" * 5000 + '}\n', "bad.jsonl", "line 1: not JSON specview reads"),
+    ('{"prompt": ' + "[" * 100_000 + "]" * 100_000 + '}\n', "bad.jsonl", "line 1: not JSON specview reads"),
     ('{"prompt": "  "}\n', "bad.jsonl", "line 1: the prompt is empty"),
     ('{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n', "bad.jsonl", "line 2: id '1' is already used on line 1"),
 ])

@@ -24,7 +24,7 @@ from specview.errors import SpecviewError
 from specview.eval.document import load_resume
 from specview.report import build_report_parser, report_command
 
-HOSTILE = [None, True, False, 0, -1, 10**30, -(10**30), 1e308, -1e308, math.nan, math.inf, -math.inf, 0.5, "",
+HOSTILE = [None, True, False, 0, -1, 10**30, -(10**30), 10**400, 1e308, -1e308, math.nan, math.inf, -math.inf, 0.5, "",
            "x", "\u202e", [], [None], [1, "a"], {}, {"a": None}]
 
 
@@ -231,4 +231,39 @@ def test_a_damaged_resume_file_exits_2_and_is_not_written(documents, tmp_path, m
     data = write(path, bad)
     code, _, err = quiet_main([*argv, "--resume", str(path)])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert path.read_bytes() == data
+
+
+# Integers past any float (10**400): math.isfinite() raised OverflowError in the resume check, a count passed it and
+# broke the summary only after the models had loaded and the prompts had run; a profile's K of 10**19 made report
+# build a search list of 2 * 10**19 K (killed for memory).
+@pytest.mark.parametrize("where", [("results", 0, "wall_s"), ("results", 1, "phases_ms", "verify"),
+                                   ("results", 0, "tokens"), ("results", 1, "accepted"), ("config", "k")])
+def test_a_number_past_a_float_in_a_resume_file_exits_2_before_the_models_load(documents, tmp_path, monkeypatch,
+                                                                               where):
+    def refuse(*args, **kwargs):
+        raise AssertionError("models loaded for a resume file the eval cannot use")
+
+    monkeypatch.setattr("specview.eval.command.open_session", refuse)
+    doc, argv = documents
+    bad = json.loads(json.dumps(doc["eval"]))
+    parent = bad
+    for part in where[:-1]:
+        parent = parent[part]
+    parent[where[-1]] = 10**400
+    path = tmp_path / "eval.json"
+    data = write(path, bad)
+    code, _, err = quiet_main([*argv, "--resume", str(path)])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert path.read_bytes() == data
+
+
+@pytest.mark.parametrize("k", [10**19, 10**400], ids=["10**19", "10**400"])
+def test_a_huge_k_in_a_profile_renders_or_is_one_line(documents, tmp_path, k):
+    bad = json.loads(json.dumps(documents[0]["profile"]))
+    bad["meta"]["k"] = k
+    path = tmp_path / "profile.json"
+    data = write(path, bad)
+    code, _, err = quiet_main(["report", str(path)])
+    assert code in (0, 2) and "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
     assert path.read_bytes() == data

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from specview.drafters.layerskip import parse_skip
 from specview.drafters.ngram import parse_ngram_options
-from specview.drafters.specs import kind, split_specs
+from specview.drafters.specs import kind, split_specs, split_tree
 from specview.errors import SpecviewError
 from specview.eval.prompts import load_prompts, parse_jsonl, parse_lines
 from specview.models import parse_max_memory, parse_spec, placement
@@ -41,7 +41,8 @@ def check_draft(text: str) -> list | None:
     def run():
         out = []
         for spec in split_specs(text):
-            what = kind(spec)
+            what = kind(spec)  # (a ";tree..." suffix is checked here)
+            spec, _ = split_tree(spec)
             if what == "ngram":
                 out.append(parse_ngram_options(spec))
             elif what == "self":
@@ -58,7 +59,7 @@ def check_draft(text: str) -> list | None:
 
 # -- --draft ---------------------------------------------------------------------------------------------------
 
-number = st.one_of(st.integers(-3, 12).map(str), st.sampled_from(["", "x", "1.5", "+2", " 3", "٣", "1" * 5000,
+number = st.one_of(st.integers(-3, 12).map(str), st.sampled_from(["", "x", "1.5", "+2", " 3", "٣", "²", "1" * 5000,
                                                                    "99999999999999", "-0", "0x10"]))
 ngram = st.builds(lambda opts: "ngram" + (":" + ",".join(opts) if opts else ""),
                   st.lists(st.one_of(st.builds("max={}".format, number), st.builds("min={}".format, number),
@@ -69,7 +70,12 @@ model = st.builds("{}{}".format, st.sampled_from(["gpt2", "./nowhere", "/no/such
                                                   "", "smollm2-135m", "x\x00y", "\udcff"]),
                   st.sampled_from(["", "@float32", "@bfloat16", "@int4", "@int4+head", "@int8", "@", "@@",
                                    "@float32@int4"]))
-spec_item = st.one_of(ngram, skip, model, st.just("self:auto"), st.just("self:"), st.just("magic:x=1"),
+# the token-tree grammar after ';': MODEL;tree, MODEL;tree:b=2,d=4, MODEL;tree:nodes=N
+tree_option = st.one_of(*(st.builds((key + "={}").format, number) for key in ("b", "d", "nodes")),
+                        st.text(string.ascii_lowercase + "=,:;", max_size=6))
+tree = st.builds(lambda base, opts: base + ";tree" + ("" if opts is None else ":" + ",".join(opts)),
+                 st.one_of(model, ngram, st.just("self:auto")), st.none() | st.lists(tree_option, max_size=3))
+spec_item = st.one_of(ngram, skip, model, tree, st.just("self:auto"), st.just("self:"), st.just("magic:x=1"),
                       st.text(max_size=12))
 
 
@@ -79,6 +85,9 @@ spec_item = st.one_of(ngram, skip, model, st.just("self:auto"), st.just("self:")
 @example("self:skip=" + "1" * 5000)  # found: int() over 4300 digits raised ValueError
 @example("ngram:max=1" + "0" * 5000)  # a 10,000-character message: quoted cut short now
 @example("@\n0")  # found: a newline quoted as is split the one line
+@example("~\x00")  # found by make fuzz: os.path.expanduser raised ValueError (embedded null byte)
+@example("gpt2;tree:b=²")  # found: isdigit() took it, int() raised ValueError
+@example("gpt2;tree:nodes=" + "1" * 5000)  # found: int() over 4300 digits raised ValueError
 def test_any_draft_spec_parses_or_is_one_line(text):
     out = check_draft(text)
     if out is not None:
@@ -223,3 +232,22 @@ def test_spec_bench_questions_read_their_first_turn():
     line = json.dumps({"question_id": 81, "category": "writing", "turns": ["first", "second"]})
     (p,) = parse_jsonl(line, "question.jsonl")
     assert (p.id, p.category, p.text) == ("81", "writing", "first")
+
+
+# -- --draft-policy ---------------------------------------------------------------------------------------------
+
+policy = st.one_of(st.sampled_from(["fixed", "heuristic", "goodput", "p-min", "p-min=", "pmin:0.5", "tree", ""]),
+                   st.builds("p-min={}".format, st.one_of(st.floats(allow_nan=True).map(str), number)),
+                   st.text(max_size=10))
+
+
+@fuzz(100, 3000)
+@given(st.lists(policy, min_size=1, max_size=3).map(",".join))
+@example("p-min=" + "9" * 5000)
+@example("p-min=1e-400")
+def test_any_draft_policy_list_parses_or_is_one_line(text):
+    from specview.policies import parse_policies
+
+    out = one_line_error(parse_policies, text)
+    if out is not None:
+        assert out and len(out) == len(set(out)) and all(isinstance(p, str) and p for p in out)

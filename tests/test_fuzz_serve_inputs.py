@@ -154,6 +154,9 @@ HOSTILE = [
     ("a query string nobody reads", "GET", "/health?x=%ff&y=\u00e9", {}, None, {200}),
     ("Last-Event-ID: -1", "GET", "/events", {"last-event-id": "-1"}, None, {200}),
     ("Last-Event-ID: 10**40", "GET", "/events", {"last-event-id": "1" + "0" * 40}, None, {200}),
+    # int() of over 4300 digits raises: this was a 500 with a traceback in the server's log
+    ("Last-Event-ID: 5000 digits", "GET", "/events", {"last-event-id": "9" * 5000}, None, {200}),
+    ("Last-Event-ID: 5000 zeros then 7", "GET", "/events", {"last-event-id": "0" * 5000 + "7"}, None, {200}),
 ]
 
 

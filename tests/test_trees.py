@@ -191,7 +191,9 @@ def test_tree_specs_parse_and_refuse():
     assert split_specs("smollm2-135m@int4;tree:b=2,d=4,ngram;tree") == ["smollm2-135m@int4;tree:b=2,d=4", "ngram;tree"]
     assert split_tree("x;tree:nodes=16")[1].size(8) == 16 and kind("ngram:max=3;tree:b=4") == "ngram"
     assert split_tree("gpt2") == ("gpt2", None) and kind("self:skip=1-3;tree") == "self"
-    for bad in ("x;tree:b=0", "x;tree:b=99", "x;tree:q=1", "x;forest", ";tree", "ngram;tree:d=3", "x;tree:b=2,b=3"):
+    # "²" and "٣" are digits to str.isdigit() but not to int(), nor are 5000 of them: these were tracebacks
+    for bad in ("x;tree:b=0", "x;tree:b=99", "x;tree:q=1", "x;forest", ";tree", "ngram;tree:d=3", "x;tree:b=2,b=3",
+                "x;tree:b=²", "x;tree:d=٣", "x;tree:nodes=" + "1" * 5000, "x;tree:nodes=" + "0" * 5000 + "129"):
         with pytest.raises(SpecviewError, match="--draft"):
             kind(bad)
 

@@ -13,7 +13,7 @@ from specview.eval.prompts import Prompt, digest
 from specview.eval.summary import AUTOREGRESSIVE, result_policy, summarize, variants
 from specview.events import nonfinite_to_none
 from specview.policies import parse_policies
-from specview.settings import Settings
+from specview.settings import K_LIMIT, Settings
 
 # Settings a resumed eval must share with its file: each changes the tokens or the timings. (profile_dir,
 # cache and the prompt set's path do not: the set is compared by its digest, so a moved file still resumes.)
@@ -55,12 +55,19 @@ def load_resume(path: str, config: dict) -> dict:
     return doc
 
 
+# No count specview writes comes near it; past it an int has no float (10**400 / 2 raises OverflowError), and the
+# summary divides counts and seconds: such a file would fail only once the models had loaded and the run was done.
+COUNT_LIMIT = 2**63
+
+
 def _count(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < COUNT_LIMIT
 
 
 def _seconds(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    if isinstance(v, int):
+        return _count(v)  # (math.isfinite(10**400) raises OverflowError)
+    return isinstance(v, float) and math.isfinite(v) and v >= 0
 
 
 def _counts(v, most: int | None = None) -> bool:
@@ -71,7 +78,7 @@ def damage(doc: dict) -> str | None:
     """What in an eval document (config, prompts, results) a resumed eval could not use, or None. The
     types and ranges result_record writes: a file edited by hand or cut by a bug is refused, not half used."""
     config, k = doc["config"], doc["config"].get("k")
-    if not _count(k) or not 1 <= k <= 4096:
+    if not _count(k) or not 1 <= k <= K_LIMIT:
         return "config.k is not a K"
     drafters = config.get("drafters")
     if not isinstance(drafters, list) or not all(isinstance(d, str) for d in drafters):

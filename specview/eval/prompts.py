@@ -87,8 +87,10 @@ def parse_record(line: str, where: str, n: int) -> Prompt:
         record = json.loads(line)
     except json.JSONDecodeError as err:
         raise SpecviewError(f"{where}: not JSON ({err.msg} at column {err.colno})") from None
+    except (RecursionError, ValueError):  # [[[[...: past the parser's stack; a number of over 4300 digits
+        raise SpecviewError(f"{where}: not JSON specview reads (nested too deeply, or a number too long)") from None
     if not isinstance(record, dict):
-        raise SpecviewError(f"{where}: a JSON {type(record).__name__}, not an object with \"prompt\" or \"turns\"")
+        raise SpecviewError(f"{where}: a JSON {json_kind(record)}, not an object with \"prompt\" or \"turns\"")
     if "turns" in record:  # Spec-Bench: the first turn is the prompt (later turns need the model's answers)
         turns = record["turns"]
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
@@ -113,6 +115,11 @@ def parse_record(line: str, where: str, n: int) -> Prompt:
         if problem:
             raise SpecviewError(f"{where}: {name} is not text: {problem}")
     return Prompt(str(ident), category.strip(), text)
+
+
+def json_kind(value) -> str:
+    """What a JSON line held instead of an object: "null" for null (not Python's "NoneType"), else its type."""
+    return "null" if value is None else type(value).__name__
 
 
 def select(prompts: list[Prompt], limit: int | None, categories: list[str] | None) -> list[Prompt]:
