@@ -104,6 +104,9 @@ def _template(args):
                  for a in args)
 
 
+MAX_ROWS = 1 << 16  # the most rows a function of several rows is built for (a prefill of the longest context)
+
+
 def _signature(args, row_dims=()) -> str:
     """Everything a build depends on in the arguments: each tensor's shape, stride and dtype, every other value.
     `row_dims` (one per argument: the dimension that counts rows, or None) are left out: they stay symbolic."""
@@ -147,9 +150,6 @@ class _Bound(torch.nn.Module):
         return self.fn(*fill(self.template))
 
 
-MAX_ROWS = 1 << 16  # the most rows a function of several rows is built for (a prefill of the longest context)
-
-
 class AotFunction:
     """`fn` built ahead of time (AOTInductor) for the signature of its first call, then called with the same
     signature only: its caller (fastdecode's forward of one model) passes arguments of the same shapes, dtypes
@@ -177,10 +177,9 @@ class AotFunction:
     def _load_or_build(self, args, tensors) -> None:
         from specview import machine
 
-        key = hashlib.sha256("\n".join([self.fn.__qualname__, _signature(args, self.row_dims), torch.__version__,
-                                          machine.host_key(),
-                                          str(torch.get_num_threads()), _source_digest(inspect.getsourcefile(self.fn))
-                                          ]).encode())
+        parts = [self.fn.__qualname__, _signature(args, self.row_dims), torch.__version__, machine.host_key(),
+                 str(torch.get_num_threads()), _source_digest(inspect.getsourcefile(self.fn))]
+        key = hashlib.sha256("\n".join(parts).encode())
         kind = "-rows" if self.symbolic else ""
         path = os.path.join(aot_dir(), f"{self.fn.__name__}{kind}-{key.hexdigest()[:24]}.pt2")
         t0 = time.perf_counter()
