@@ -54,20 +54,14 @@ def gpt2_paths(tiny_dir):
 def small_vocab_pair(tiny_dir):
     """Vocab 8 so the joint law of 3 tokens (512 sequences) can be enumerated exactly. The draft is the
     target plus noise: accepted 40-75% of the time, so accepts, rejections and bonuses all occur."""
-    tok = tiny.make_tokenizer(8)
-    target = tiny.make_model("gpt2", 8, 10, scale=8.0)
-    t = tiny.save(target, tok, tiny_dir / "small-target")
-    d = tiny.save(tiny.perturbed(target, 0.3, seed=3), tok, tiny_dir / "small-draft")
+    t, d = tiny.save_noisy_pair(tiny_dir, "small", "gpt2", 8, 10, scale=8.0, noise=0.3, noise_seed=3)
     return load_pair(t, d, torch.device("cpu"))
 
 
 @pytest.fixture(scope="session")
 def small_llama_pair(tiny_dir):
     """small_vocab_pair's Llama twin (vocab 8): the family fastdecode's compiled forward runs."""
-    tok = tiny.make_tokenizer(8)
-    target = tiny.make_model("llama", 8, 10, scale=8.0)
-    t = tiny.save(target, tok, tiny_dir / "small-llama-target")
-    d = tiny.save(tiny.perturbed(target, 0.3, seed=3), tok, tiny_dir / "small-llama-draft")
+    t, d = tiny.save_noisy_pair(tiny_dir, "small-llama", "llama", 8, 10, scale=8.0, noise=0.3, noise_seed=3)
     return load_pair(t, d, torch.device("cpu"))
 
 

@@ -14,11 +14,7 @@ from specview.check_report import passed, summary_line
 def spread_pair(tiny_dir):
     """A target whose next-token law is spread out (logits x 2) and a draft made from it plus noise: the two
     differ enough that drafting with q instead of p would show in 2000 draws."""
-    tok = tiny.make_tokenizer(16)
-    target = tiny.make_model("gpt2", 16, 10, scale=2.0)
-    t = tiny.save(target, tok, tiny_dir / "check-target")
-    d = tiny.save(tiny.perturbed(target, 0.5, seed=3), tok, tiny_dir / "check-draft")
-    return t, d
+    return tiny.save_noisy_pair(tiny_dir, "check", "gpt2", 16, 10, scale=2.0, noise=0.5, noise_seed=3)
 
 
 def check(capsys, pair, *extra, draft=None):

@@ -28,11 +28,7 @@ RECORDING = os.path.join(os.path.dirname(__file__), "tui_recording.json")
 @pytest.fixture(scope="module")
 def tui_pair(tiny_dir):
     """A target and a noisy copy of it as draft: some drafts pass, some are rejected."""
-    tok = tiny.make_tokenizer(16)
-    target = tiny.make_model("llama", 16, 7, scale=3.0)
-    t = tiny.save(target, tok, tiny_dir / "tui-target")
-    d = tiny.save(tiny.perturbed(target, 0.4, seed=2), tok, tiny_dir / "tui-draft")
-    return t, d
+    return tiny.save_noisy_pair(tiny_dir, "tui", "llama", 16, 7, scale=3.0, noise=0.4, noise_seed=2)
 
 
 @pytest.fixture

@@ -181,11 +181,7 @@ def test_the_curve_is_kept_per_machine():
 @pytest.fixture(scope="module")
 def agreeing_pair(tiny_dir):
     """A draft that is the target plus noise (vocab 16): greedy steps accept some drafts and reject others."""
-    tok = tiny.make_tokenizer(16)
-    target = tiny.make_model("gpt2", 16, 21, scale=6.0)
-    t = tiny.save(target, tok, tiny_dir / "whatif-target")
-    d = tiny.save(tiny.perturbed(target, 0.25, seed=4), tok, tiny_dir / "whatif-draft")
-    return t, d
+    return tiny.save_noisy_pair(tiny_dir, "whatif", "gpt2", 16, 21, scale=6.0, noise=0.25, noise_seed=4)
 
 
 @pytest.fixture(scope="module")

@@ -64,6 +64,16 @@ def perturbed(model, noise: float, seed: int):
     return draft.eval()
 
 
+def save_noisy_pair(folder, name: str, kind: str, vocab_size: int, seed: int, scale: float, noise: float,
+                    noise_seed: int) -> tuple[str, str]:
+    """(target folder, draft folder) `name`-target and `name`-draft under `folder`: a random model and a
+    `perturbed` copy of it, with one tokenizer: a pair that accepts some drafts and rejects others."""
+    tok = make_tokenizer(vocab_size)
+    target = make_model(kind, vocab_size, seed, scale=scale)
+    return (save(target, tok, folder / f"{name}-target"),
+            save(perturbed(target, noise, seed=noise_seed), tok, folder / f"{name}-draft"))
+
+
 def write_tiny_gguf(path, seed=0, layers=2, hidden=32, ffn=64, heads=2, kv=1, ctx=256):
     """A tiny Llama GGUF (byte-level BPE tokenizer, float32 tensors) written with the `gguf` package: loads
     through transformers' GGUF path like the bundled model, and llama.cpp reads it too."""
