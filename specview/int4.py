@@ -160,9 +160,9 @@ def int4_copy(model: nn.Module, group_size: int = GROUP_SIZE, head: bool = False
     # The matrices about to be replaced are read, not copied (the copy's modules point at the source's until their
     # Int4Linear replaces them): a full copy of them cost 0.3 s a start. Not a matrix any kept module also holds
     # (a head tied to the embedding): that one must be copied, since the copy's parameters are cast below.
-    replaced = [m for _, m in _linears(model, head)]
-    kept = {id(p) for m in model.modules() if not any(m is r for r in replaced) for p in m.parameters(recurse=False)}
-    memo = {id(m.weight): m.weight for m in replaced if id(m.weight) not in kept}
+    replaced = {id(m): m for _, m in _linears(model, head)}
+    kept = {id(p) for m in model.modules() if id(m) not in replaced for p in m.parameters(recurse=False)}
+    memo = {id(m.weight): m.weight for m in replaced.values() if id(m.weight) not in kept}
     int4 = copy.deepcopy(model, memo)
     if head:
         int4.config.tie_word_embeddings = False  # the embedding keeps its bfloat16 rows, the head its codes
