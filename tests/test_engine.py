@@ -270,3 +270,45 @@ def test_greedy_speculative_step_without_drafts_has_null_r(loaded_pair):
     assert steps[0].drafted == [] and steps[0].r is None
     _, steps = generate(target, None, GREEDY, n=1)
     assert steps[0].r == []
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=5),
+                                 GREEDY])
+def test_the_host_walk_of_a_chain_decides_as_the_device_walk_bit_for_bit(cfg):
+    """On the CPU a chain is decided on the host (first rejection found, one residual); the device walk (every
+    node's residual, branch-free) remains for other devices and trees. Both must draw the same numbers in the
+    same order and give the same decision, including the degenerate cases: a draft equal to the target (no
+    residual mass), drafts with q = 1, every node accepted, the first rejected."""
+    from specview import engine
+    from specview.drafters.base import Proposal
+    from specview.timing import PhaseTimer
+    from specview.sampling import probs_from_logits
+
+    vocab, seen_rejection, seen_all = 6, set(), False
+    for case in range(300):
+        g = torch.Generator().manual_seed(case)
+        n = 1 + case % 5
+        logits = torch.randn(n + 1, vocab, generator=g) * (1 + case % 3)
+        q_logits = logits[:n] if case % 7 == 0 else torch.randn(n, vocab, generator=g) * 3  # q = p sometimes
+        if case % 11 == 0:
+            q_logits = torch.full((n, vocab), -1e9).index_fill_(1, torch.tensor([0]), 0.0)  # q puts all on token 0
+        q = probs_from_logits(q_logits, cfg)
+        drafts = torch.multinomial(q, 1, generator=g).view(-1)
+        proposal = Proposal(drafts, q)
+        walks = []
+        for host in (True, False):
+            dec = type("Dec", (), {})()
+            dec.sampling, dec.device, dec.timer = cfg, CPU, PhaseTimer(CPU)
+            dec.generator = torch.Generator().manual_seed(1000 + case)
+            run = engine.Run.__new__(engine.Run)
+            run.dec = dec
+            decision = run._decide(logits, proposal, host=host)
+            walks.append((vars(decision), dec.generator.get_state()))
+        (host_decision, host_rng), (device_decision, device_rng) = walks
+        assert host_decision == device_decision, case
+        assert torch.equal(host_rng, device_rng), case  # the same draws consumed
+        if len(host_decision["path"]) < n:
+            seen_rejection.add(len(host_decision["path"]))
+        else:
+            seen_all = True
+    assert seen_all and seen_rejection >= {0, 1}, "the cases must reach both ends of the walk"

@@ -119,10 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--warm", type=int, default=3, help="warm runs after the cold one (default 3)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the --no-cache run")
+    ap.add_argument("--cache", metavar="DIR",
+                    help="time warm starts on this existing cache (e.g. ~/.cache/specview): no cold run, the folder "
+                         "is kept (a cold run builds every package: about two minutes)")
     args = ap.parse_args(argv)
-    cache = tempfile.mkdtemp(prefix="specview-startup-")
+    cache = args.cache or tempfile.mkdtemp(prefix="specview-startup-")
     try:
-        show("cold (empty cache: convert the GGUF, write the cache)", measure(cache, []))
+        if not args.cache:
+            show("cold (empty cache: convert the GGUF, write the cache)", measure(cache, []))
         warm = [measure(cache, []) for _ in range(args.warm)]
         for i, r in enumerate(warm):
             show(f"warm {i + 1}", r)
@@ -134,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_baseline:
             show("--no-cache (the GGUF converted on every start, as before the cache)", measure(cache, ["--no-cache"]))
     finally:
-        shutil.rmtree(cache, ignore_errors=True)
+        if not args.cache:
+            shutil.rmtree(cache, ignore_errors=True)
     return 0
 
 
