@@ -214,3 +214,28 @@ def test_a_full_disk_during_the_profile_save_leaves_no_partial_file(capsys, mode
     errors = [line for line in err.splitlines() if "error" in line]
     assert len(errors) == 1 and "No space left on device" in errors[0], err
     assert list(folder.iterdir()) == []  # neither the profile nor a temp file is left
+
+
+def test_the_console_script_exits_fast_yet_runs_exit_handlers_and_waits_for_threads(tmp_path):
+    """cli.entry skips the interpreter's teardown (os._exit) after main: every exit handler must still have run,
+    stdout must be flushed whole, and a live non-daemon thread must get the ordinary exit (which waits for it)."""
+    script = (
+        "import atexit, sys, threading, time\n"
+        "from specview import cli\n"
+        f"atexit.register(lambda: open({str(tmp_path / 'handler')!r}, 'w').write('ran'))\n"
+        "if sys.argv[1] == 'thread':\n"
+        f"    threading.Thread(target=lambda: (time.sleep(0.2), open({str(tmp_path / 'thread')!r}, 'w').write('done')))"
+        ".start()\n"
+        "sys.stdout.write('x' * 200000)\n"
+        "sys.stdout.write('tail')\n"  # stays in the stream's buffer until a flush
+        "sys.argv = ['specview', 'report', 'no-such-file.json']\n"
+        "cli.entry()\n")
+    for mode in ("plain", "thread"):
+        proc = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        assert proc.returncode == 2, proc.stderr  # main's own code for a missing file
+        assert "no-such-file.json" in proc.stderr and "Traceback" not in proc.stderr
+        assert proc.stdout == "x" * 200000 + "tail"
+        assert (tmp_path / "handler").read_text() == "ran"
+        (tmp_path / "handler").unlink()
+    assert (tmp_path / "thread").read_text() == "done"
