@@ -96,7 +96,11 @@ def entry() -> None:
     (multiprocessing joins its children, ours close what they opened) and the streams are flushed; only the
     freeing of every object, which the operating system does at once, is skipped. With a live non-daemon
     thread, or when main raises, the ordinary exit (which waits for it, or prints the traceback) runs."""
-    code = main()
+    exit_now(main())
+
+
+def exit_now(code: int) -> None:
+    """entry's exit, for other launchers of a command (bench/startup.py's timed child)."""
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
     if any(t.is_alive() for t in others):
         sys.exit(code)

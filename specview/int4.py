@@ -23,6 +23,7 @@ packed from uint8 [N, K / 2], even index in the high nibble). That branch is sma
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 from torch import nn
@@ -76,6 +77,20 @@ def pack_codes(codes: torch.Tensor) -> torch.Tensor:
         tiles = next(t for t in (8, 4, 2) if k % (16 * t) == 0)  # k % 32 == 0 always holds (group >= 32)
         return aten._convert_weight_to_int4pack((codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8), tiles)
     return aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)  # the CPU packer ignores tiles
+
+
+@functools.cache
+def packed_row_block() -> int | None:
+    """How many output rows the CPU packer lays out together (64 with AVX-512, torch 2.13), or None if it does
+    not pack rows in independent blocks: then the packing of stacked codes is the stack of their packings
+    whenever every part's rows are a multiple of it, and fastdecode fuses q/k/v and gate/up without unpacking.
+    Probed on two small random blocks, once per process (microseconds), since the layout depends on the ISA."""
+    g = torch.Generator().manual_seed(0)
+    for rows in (16, 32, 64, 128, 256):
+        parts = [torch.randint(0, 16, (rows, 64), dtype=torch.int32, generator=g) for _ in range(2)]
+        if torch.equal(pack_codes(torch.cat(parts)), torch.cat([pack_codes(part) for part in parts])):
+            return rows
+    return None
 
 
 class Int4Linear(nn.Module):

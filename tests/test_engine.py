@@ -281,8 +281,8 @@ def test_the_host_walk_of_a_chain_decides_as_the_device_walk_bit_for_bit(cfg):
     residual mass), drafts with q = 1, every node accepted, the first rejected."""
     from specview import engine
     from specview.drafters.base import Proposal
-    from specview.timing import PhaseTimer
     from specview.sampling import probs_from_logits
+    from specview.timing import PhaseTimer
 
     vocab, seen_rejection, seen_all = 6, set(), False
     for case in range(300):

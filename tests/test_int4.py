@@ -201,3 +201,22 @@ def test_split_halves_round_trip():
 
     codes = torch.randint(0, 16, (48, 64), dtype=torch.int32)
     assert torch.equal(join_halves(split_halves(codes)), codes)
+
+
+@pytest.mark.parametrize("rows", [(576, 192, 192), (64, 128), (48, 80, 16), (16, 16)])
+def test_fusing_by_stacking_packed_parts_packs_what_repacking_the_codes_packs(rows):
+    """fastdecode fuses q/k/v and gate/up by stacking their packed codes when every part fills the packer's row
+    blocks (the block probed on this machine), else by repacking the joined codes: both ways the same tensor."""
+    from specview import fastdecode
+    from specview.int4 import join_halves, pack_codes, packed_row_block
+
+    block = packed_row_block()
+    assert block is None or block in (16, 32, 64, 128, 256)
+    modules = [Int4Linear(torch.nn.Linear(64, n, bias=False)) for n in rows]
+    kind, (_, packed, scales_and_zeros, group, bias, halves) = fastdecode._fuse_int4(modules)
+    assert kind == "fused" and group == 32 and bias is None
+    assert torch.equal(packed, pack_codes(join_halves(halves)))
+    assert torch.equal(scales_and_zeros, torch.cat([m.scales_and_zeros for m in modules], dim=1))
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    fused = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros)
+    assert torch.equal(fused, torch.cat([m(x) for m in modules], dim=-1))
