@@ -165,14 +165,32 @@ class AotFunction:
         self.run = None
         self.unflatten = None
         self.built: str | None = None
+        self._flat_tuples: dict[int, tuple] = {}  # id of a tuple argument -> (it, its tensors): see _flatten
 
     def __call__(self, *args):
         if self.symbolic:  # the build saw these rows contiguous; the attention's output need not be (its kernel's layout)
             args = tuple(a.contiguous() if dim is not None else a for a, dim in zip(args, self.row_dims))
-        tensors = _tensors(args, [])
+        tensors = self._flatten(args)
         if self.run is None:
             self._load_or_build(args, tensors)
         return self.unflatten(self.run(tensors))
+
+    def _flatten(self, args) -> list:
+        """The call's tensors in order. The tuple arguments are a layer's weights, the same objects on every call
+        (a tuple cannot change): their tensors are listed once, not walked again 60 times a forward (about
+        0.3 ms of a 7 ms int4 draft forward at 2 threads)."""
+        out = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                out.append(a)
+            elif isinstance(a, tuple):
+                known = self._flat_tuples.get(id(a))
+                if known is None or known[0] is not a:
+                    if len(self._flat_tuples) > 4096:  # not a model's weights after all: do not grow without end
+                        self._flat_tuples.clear()
+                    known = self._flat_tuples[id(a)] = (a, _tensors(a, []))
+                out.extend(known[1])
+        return out
 
     def _load_or_build(self, args, tensors) -> None:
         from specview import machine
@@ -198,7 +216,14 @@ class AotFunction:
         from torch.utils import _pytree
 
         out_spec = _pytree.treespec_loads(loader.get_call_spec()[1])
-        self.unflatten = lambda flat: _pytree.tree_unflatten(flat, out_spec)
+        # The layer functions return one tensor or a flat tuple of them: unflattened without the pytree walk.
+        shape = _pytree.tree_unflatten(list(range(out_spec.num_leaves)), out_spec)
+        if shape == 0:
+            self.unflatten = lambda flat: flat[0]
+        elif type(shape) is tuple and shape == tuple(range(out_spec.num_leaves)):
+            self.unflatten = tuple
+        else:
+            self.unflatten = lambda flat: _pytree.tree_unflatten(flat, out_spec)
         self.run = loader.run
 
 
