@@ -285,7 +285,8 @@ class Run:
         return result
 
     def _decide(self, logits: torch.Tensor, proposal: Proposal | None, host: bool | None = None) -> Decision:
-        """The accept test, the residual / bonus draw, all on the device; ONE transfer to the host.
+        """The accept test, the residual / bonus draw, all on the device; ONE transfer to the host. (A chain on the
+        CPU takes _decide_chain_on_host: the same decisions, without computing every node's residual.)
 
         One code path for chains and trees (a chain is a tree whose node j has parent j - 1): the nodes are
         visited in order and a node is tried when its parent is the last node accepted, against the law

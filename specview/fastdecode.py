@@ -308,8 +308,8 @@ def _dense(weight: torch.Tensor, bias):
 
 
 def _fuse(*modules):
-    """One matrix for the products that read the same input (q/k/v, gate/up): one pass, one call. int4
-    layers stay separate (their packed codes are not laid out by rows)."""
+    """One matrix for the products that read the same input (q/k/v, gate/up): one pass, one call (int4 layers:
+    _fuse_int4)."""
     if any(type(m).__name__ == "Int4Linear" for m in modules):
         return _fuse_int4(modules)
     weights = [m.weight.detach() for m in modules]

@@ -104,7 +104,8 @@ class Int4Linear(nn.Module):
         self.group_size = group_size
         codes, scales_and_zeros = quantize(weight, group_size)
         self.register_buffer("packed", pack_codes(codes))
-        # The codes themselves, two per byte, for fastdecode (which fuses q/k/v and gate/up by repacking them):
+        # The codes themselves, two per byte, for fastdecode (which fuses q/k/v and gate/up by repacking them where
+        # the packed parts cannot simply be stacked, int4.packed_row_block):
         # a plain attribute, not a buffer, so the roofline counts only what a forward reads.
         self.halves = split_halves(codes) if codes.device.type == "cpu" else None
         self.register_buffer("scales_and_zeros", scales_and_zeros)
