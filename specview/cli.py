@@ -5,12 +5,11 @@ Every user error is one line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
-import atexit
 import os
 import sys
-import threading
 
 from specview.errors import SpecviewError
+from specview.exits import exit_now
 from specview.options import build_run_parser, build_tui_parser
 
 SUBCOMMANDS = ("run", "bench", "report", "eval", "check", "serve", "calibrate", "whatif")
@@ -98,34 +97,6 @@ def entry() -> None:
     thread, under a profiler or tracer (`python -m cProfile -o`, `-m trace`: they write their results after the
     program returns) or with `python -i`, or when main raises, the ordinary exit runs."""
     exit_now(main())
-
-
-def _watched() -> bool:
-    """A profiler, tracer or interactive prompt that expects the program to return, not vanish."""
-    if sys.getprofile() or sys.gettrace() or sys.flags.interactive:
-        return True
-    monitoring = getattr(sys, "monitoring", None)  # 3.12+: cProfile and coverage register a tool here
-    return monitoring is not None and any(monitoring.get_tool(tool) for tool in range(6))
-
-
-def exit_now(code: int) -> None:
-    """entry's exit, for other launchers of a command (bench/startup.py's timed child)."""
-    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
-    if _watched() or any(t.is_alive() for t in others):
-        sys.exit(code)
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a reader that left (BrokenPipeError), a stream already closed
-            pass
-    try:  # what C libraries wrote through C's stdio (block-buffered into a pipe or file) is flushed too
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError):
-        pass
-    os._exit(int(code or 0))
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def child(out_path: str, extra: list[str]) -> int:
     with open(out_path, "w") as f:
         json.dump({"marks": marks, "spans": spans, "code": code, "cpu_s": time.process_time(),
                    "cpu_main_s": time.process_time() - cpu0}, f)
-    from specview.cli import exit_now
+    from specview.exits import exit_now
 
     exit_now(code)  # as the console script ends (cli.entry)
 
