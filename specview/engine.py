@@ -285,8 +285,8 @@ class Run:
         return result
 
     def _decide(self, logits: torch.Tensor, proposal: Proposal | None, host: bool | None = None) -> Decision:
-        """The accept test, the residual / bonus draw, all on the device; ONE transfer to the host. (A chain on the
-        CPU takes _decide_chain_on_host: the same decisions, without computing every node's residual.)
+        """The accept test, the residual / bonus draw, all on the device; ONE transfer to the host. (On the CPU,
+        _decide_on_host walks the same way in Python: the same decisions, without every node's residual.)
 
         One code path for chains and trees (a chain is a tree whose node j has parent j - 1): the nodes are
         visited in order and a node is tried when its parent is the last node accepted, against the law
@@ -305,11 +305,11 @@ class Run:
             return Decision.from_device(extra, empty, empty, empty, empty, empty, empty, top.indices, top.values)
         d, q = proposal.tokens, proposal.q
         n = len(d)
-        if host is None:  # the host walk for chains on the CPU (tests compare both walks with `host`)
-            host = dec.device.type == "cpu"
-        if host and (proposal.parents is None or trees.is_chain(proposal.parents)):
-            return self._decide_chain_on_host(p, d, q)
         parents = proposal.parents if proposal.parents is not None else list(range(-1, n - 1))
+        if host is None:  # the host walk on the CPU (tests compare both walks with `host`)
+            host = dec.device.type == "cpu"
+        if host:
+            return self._decide_on_host(p, d, q, parents)
         above = torch.tensor([parent + 1 for parent in parents], device=dec.device)  # each node's row of p
         px, qx = p[above, d], q[torch.arange(n, device=dec.device), d]
         if greedy:
@@ -340,33 +340,46 @@ class Run:
         return Decision.from_device(extra, torch.stack(tried), torch.stack(accepted), d, px, qx, r, top.indices,
                                     top.values)
 
-    def _decide_chain_on_host(self, p: torch.Tensor, d: torch.Tensor, q: torch.Tensor) -> Decision:
-        """_decide for a chain when the tensors live on the CPU, where reading a result costs nothing: the accept
-        tests of all nodes at once, then the residual of the first rejected node only. The device walk computes a
-        residual and two full-vocabulary selects for every node (about 3.5 ms of a 4-node step at 2 threads on a
-        49k vocabulary, against 0.3 ms here). The same draws in the same order and the same arithmetic on the
-        same numbers: the same decisions, bit for bit."""
+    def _decide_on_host(self, p: torch.Tensor, d: torch.Tensor, q: torch.Tensor, parents: list[int]) -> Decision:
+        """_decide when the tensors live on the CPU, where reading a result costs nothing: the same walk in Python,
+        so a residual is computed only where a tried node is rejected. The device walk computes one, and two
+        full-vocabulary selects, for every node whatever happened (2.1 against 0.7 ms for a 4-node chain at 2
+        threads on a 49k vocabulary; a 30-node tree pays it 30 times). The same draws in the same order and the
+        same float32 arithmetic on the same numbers: the same decisions, bit for bit (tests/test_engine.py)."""
         dec = self.dec
         greedy = dec.sampling.greedy
         n = len(d)
-        nodes = torch.arange(n)
-        px, qx = p[nodes, d], q[nodes, d]  # a chain's node j is tested against p's row j
+        above = torch.tensor([parent + 1 for parent in parents])  # each node's row of p
+        px, qx = p[above, d], q[torch.arange(n), d]
+        tokens = d.tolist()
         if greedy:
             r = torch.zeros(0)
-            ok = d == p[:n].argmax(dim=-1)
+            matches = (d == p.argmax(dim=-1)[above]).tolist()
         else:
             r = torch.rand(n, generator=dec.generator)
-            ok = accept_test(r, px, qx)
-        ok_list = ok.tolist()
-        m = ok_list.index(False) if False in ok_list else n  # accepted: nodes 0 .. m-1
-        tried = torch.tensor([j <= m for j in range(n)])
-        accepted = torch.tensor([j < m for j in range(n)])
-        # all accepted: the bonus from the row after the last node; else the first rejected node's residual (the
-        # target's own row at that position when greedy: its argmax is the token the target would have chosen)
-        dist = p[m] if greedy or m == n else residual_distribution(p[m], q[m])
+        current = -1  # the last node accepted (-1: the root)
+        target = residual = p[0]
+        tried, accepted = [], []
+        for j, parent in enumerate(parents):
+            here = current == parent
+            ok = here and (matches[j] if greedy else bool(accept_test(r[j], target[tokens[j]], qx[j])))
+            if here and not greedy:
+                if ok:
+                    target = residual = p[j + 1]
+                else:
+                    residual = residual_distribution(target, q[j])
+                    target = sibling_target(residual, p[parent + 1])
+            if ok:
+                current = j
+            tried.append(here)
+            accepted.append(ok)
+        # All children of the last accepted node rejected: the running residual; none tried: that node's row (the
+        # bonus). Greedy: the row after the last accepted node, whose argmax the target would have chosen.
+        dist = p[current + 1] if greedy else residual
         extra = sample(dist, dec.generator, greedy)
         top = torch.topk(dist, min(RESIDUAL_TOP, dist.shape[-1]))
-        return Decision.from_device(extra, tried, accepted, d, px, qx, r, top.indices, top.values)
+        return Decision.from_device(extra, torch.tensor(tried), torch.tensor(accepted), d, px, qx, r, top.indices,
+                                    top.values)
 
     def _emit(self, decision: Decision, proposal: Proposal | None) -> StepResult:
         """Append the step's tokens (cut at the first EOS) and build its StepResult once, from the cut."""

@@ -274,27 +274,34 @@ def test_greedy_speculative_step_without_drafts_has_null_r(loaded_pair):
 
 @pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=5),
                                  GREEDY])
-def test_the_host_walk_of_a_chain_decides_as_the_device_walk_bit_for_bit(cfg):
-    """On the CPU a chain is decided on the host (first rejection found, one residual); the device walk (every
-    node's residual, branch-free) remains for other devices and trees. Both must draw the same numbers in the
-    same order and give the same decision, including the degenerate cases: a draft equal to the target (no
-    residual mass), drafts with q = 1, every node accepted, the first rejected."""
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_the_host_walk_decides_as_the_device_walk_bit_for_bit(cfg, shape):
+    """On the CPU the nodes are walked in Python (a residual only where a tried node is rejected); the device walk
+    (every node's residual, branch-free) remains for other devices. Both must draw the same numbers in the same
+    order and give the same decision, for chains and trees, including the degenerate cases: a draft equal to the
+    target (no residual mass), drafts with q = 1, every node accepted, the first rejected, siblings rejected in
+    turn."""
     from specview import engine
     from specview.drafters.base import Proposal
     from specview.sampling import probs_from_logits
     from specview.timing import PhaseTimer
 
-    vocab, seen_rejection, seen_all = 6, set(), False
+    vocab, seen_rejection, seen_all, seen_sibling = 6, set(), False, False
     for case in range(300):
         g = torch.Generator().manual_seed(case)
-        n = 1 + case % 5
+        n = 1 + case % 7
+        if shape == "chain":
+            parents = list(range(-1, n - 1))
+        else:  # each node under a random earlier node or the root
+            parents = [int(torch.randint(-1, j, (1,), generator=g)) for j in range(n)]
         logits = torch.randn(n + 1, vocab, generator=g) * (1 + case % 3)
-        q_logits = logits[:n] if case % 7 == 0 else torch.randn(n, vocab, generator=g) * 3  # q = p sometimes
+        above = torch.tensor([parent + 1 for parent in parents])
+        q_logits = logits[above] if case % 7 == 0 else torch.randn(n, vocab, generator=g) * 3  # q = p sometimes
         if case % 11 == 0:
             q_logits = torch.full((n, vocab), -1e9).index_fill_(1, torch.tensor([0]), 0.0)  # q puts all on token 0
         q = probs_from_logits(q_logits, cfg)
         drafts = torch.multinomial(q, 1, generator=g).view(-1)
-        proposal = Proposal(drafts, q)
+        proposal = Proposal(drafts, q, parents=None if shape == "chain" else parents)
         walks = []
         for host in (True, False):
             dec = type("Dec", (), {})()
@@ -307,8 +314,13 @@ def test_the_host_walk_of_a_chain_decides_as_the_device_walk_bit_for_bit(cfg):
         (host_decision, host_rng), (device_decision, device_rng) = walks
         assert host_decision == device_decision, case
         assert torch.equal(host_rng, device_rng), case  # the same draws consumed
-        if len(host_decision["path"]) < n:
-            seen_rejection.add(len(host_decision["path"]))
+        path, tried = host_decision["path"], host_decision["tried"]
+        last = path[-1] if path else -1
+        if not any(tried[j] for j in range(n) if parents[j] == last):
+            seen_all = True  # no child of the last accepted node was tried: the bonus row
         else:
-            seen_all = True
+            seen_rejection.add(len(path))  # every tried child of it rejected: the residual
+        tried_parents = [parents[j] for j in range(n) if tried[j]]
+        seen_sibling |= len(tried_parents) > len(set(tried_parents))
     assert seen_all and seen_rejection >= {0, 1}, "the cases must reach both ends of the walk"
+    assert shape == "chain" or seen_sibling, "a tree's cases must try a second sibling"
