@@ -12,6 +12,7 @@ import importlib.util
 import os
 import re
 import socket
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from urllib.parse import urlparse
@@ -246,7 +247,11 @@ def _load_gguf_cached(src: ModelSource, spec: str, say: Callable[[str], None], p
     except OSError as err:
         raise SpecviewError(f"cannot read {gguf_path}: {err.strerror}") from err
     (model, tokenizer), _how = weights_cache.cached_load(key, build, save, load, name=os.path.splitext(src.gguf_file)[0])
+    _cache_keys[model] = key  # what copies made from it (the int4 codes) are cached under
     return model, tokenizer
+
+
+_cache_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a model loaded through the cache -> its key
 
 
 def _all_plain(model: torch.nn.Module) -> bool:
@@ -306,15 +311,34 @@ def load_model(spec: str, device: torch.device, loaded: dict | None = None, *, c
             loaded[key] = (base, tokenizer)
     model = base
     if src.int4:
-        from specview.int4 import check_int4_supported, int4_copy
+        from specview.int4 import check_int4_supported
 
         check_int4_supported(base, device, head=src.int4_head)  # one line naming the layer or the device
-        model = int4_copy(base.to(device), head=src.int4_head)
+        model = _int4_copy(base.to(device), src, cache)
     elif src.dtype is not None and src.dtype != next(base.parameters()).dtype:
         model = cast_copy(base, src.dtype)
     model = model.to(device)
     dtype = next(model.parameters()).dtype
     return LoadedModel(spec, model, tokenizer, device, dtype, context_length(model.config))
+
+
+def _int4_copy(base: torch.nn.Module, src: ModelSource, cache: bool) -> torch.nn.Module:
+    """int4.int4_copy, its codes kept in the weights cache beside the converted GGUF they came from (keyed by its
+    key, the group size and the head): a later start reads them instead of quantizing 135M weights again."""
+    from specview import int4, weights_cache
+
+    head = src.int4_head
+    key = _cache_keys.get(base) if cache and next(base.parameters()).device.type == "cpu" else None
+    if key is None:
+        return int4.int4_copy(base, head=head)
+    # the packed layout is the CPU kernel's: the capability torch dispatches on (AVX512, AVX2...) is in the key
+    key = {**key, "int4": {"group": int4.GROUP_SIZE, "head": head, "codes": 2,
+                           "capability": torch.backends.cpu.get_cpu_capability()}}
+    name = f"{os.path.splitext(src.gguf_file)[0]}-int4{'+head' if head else ''}"
+    model, _how = weights_cache.cached_load(
+        key, lambda: int4.int4_copy(base, head=head), int4.save_codes,
+        lambda folder: int4.int4_copy(base, head=head, stored=int4.load_codes(folder)), name=name)
+    return model
 
 
 def placement(device_map: str, max_memory: str | None = None) -> dict:

@@ -229,3 +229,47 @@ def test_the_cli_uses_the_cache_and_no_cache_skips_it(capsys, tiny_gguf, cache_r
     assert code == 0 and entries(cache_root) == []
     code, out, err = run_cli(capsys, *argv)
     assert code == 0 and len(entries(cache_root)) == 1 and not err.strip()
+
+
+def test_the_int4_copy_keeps_its_codes_in_the_cache_and_reads_back_the_same_copy(tiny_gguf, cache_root):
+    """`@int4` of a cached GGUF: the first load quantizes and writes the codes beside the converted model, the
+    next reads them (no quantize call) and builds the same copy; a damaged codes file is rebuilt; --no-cache
+    neither reads nor writes them."""
+    from specview import int4
+
+    cpu = torch.device("cpu")
+    uncached = load_model(tiny_gguf + "@int4", cpu, cache=False)
+    assert entries(cache_root) == []
+    first = load_model(tiny_gguf + "@int4", cpu)
+    codes_entry = next(e for e in entries(cache_root) if "int4" in e.name)
+    assert entry_problem(codes_entry) is None and (codes_entry / int4.CODES_FILE).is_file()
+
+    calls = []
+    real_quantize = int4.quantize
+    int4.quantize = lambda *a, **k: calls.append(1) or real_quantize(*a, **k)
+    try:
+        hit = load_model(tiny_gguf + "@int4", cpu)
+    finally:
+        int4.quantize = real_quantize
+    assert calls == []  # every matrix from the stored codes
+
+    def linears(model):
+        return {n: m for n, m in model.named_modules() if isinstance(m, int4.Int4Linear)}
+
+    reference = linears(uncached.model)
+    assert reference and "lm_head" not in reference  # (this tiny vocabulary of 261 has no 4-bit head)
+    for lm in (first, hit):
+        mine = linears(lm.model)
+        assert mine.keys() == reference.keys()
+        for name, module in mine.items():
+            for attr in ("packed", "scales_and_zeros", "halves"):
+                assert torch.equal(getattr(module, attr), getattr(reference[name], attr)), (name, attr)
+    ids = torch.tensor([[1, 2, 3, 257, 258]])
+    with torch.no_grad():
+        assert torch.equal(uncached.model(ids).logits, hit.model(ids).logits)
+
+    os.truncate(codes_entry / int4.CODES_FILE, 100)
+    rebuilt = load_model(tiny_gguf + "@int4", cpu)
+    assert entry_problem(codes_entry) is None
+    assert all(torch.equal(m.packed, reference[n].packed) for n, m in linears(rebuilt.model).items())
+    assert len([e for e in entries(cache_root) if "int4" in e.name]) == 1

@@ -62,6 +62,7 @@ def child(out_path: str, extra: list[str]) -> int:
     timed(weights_cache, "_write_entry", "cache write (save_pretrained + fsync)")
     timed(transformers.AutoTokenizer, "from_pretrained", "tokenizer load")  # the bound classmethods
     timed(transformers.AutoModelForCausalLM, "from_pretrained", "model load")
+    timed(models, "_int4_copy", "int4 copy (its codes read from the cache when there)")
     if hasattr(models, "cast_copy"):
         timed(models, "cast_copy", "bfloat16 draft copy")
     timed(fastlinear, "install", "weight packing (fastlinear.install)")
