@@ -56,7 +56,7 @@ class Decoder:
         self.cost_curve = cost_curve  # metrics.CostCurve of this machine, if calibrated: goodput prices on it
         self.device = target.device
         self.placed = placed_devices(target.model)  # --device-map: every device the target's layers sit on
-        fastlinear.install(target.model)  # packed-weight matmuls, switched on only inside forward()
+        install_linears(target.model)
         self.drafter = ModelDrafter(draft) if isinstance(draft, LoadedModel) else draft
         # One generator seeded once: runs follow each other on it, so R runs are R independent samples.
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -77,7 +77,7 @@ class Decoder:
         self._drafter = drafter
         lm = getattr(drafter, "lm", None)
         if lm is not None:
-            fastlinear.install(lm.model)
+            install_linears(lm.model)
         self.vocab = vocab_limit(self.target, lm)  # logits sliced to what both models and the tokenizer share
         limits = [m.context_len for m in (self.target, lm) if m is not None and m.context_len]
         self.context_len = min(limits) if limits else None
@@ -118,6 +118,13 @@ class Decoder:
                            **extra)
         # A model spread over devices (--device-map) returns its logits on its last one.
         return out.logits[0, :, : self.vocab].to(self.device)
+
+
+def install_linears(model) -> None:
+    """Packed-weight matmuls for transformers' forward of `model`, switched on only inside Decoder.forward. Packed
+    now for a model that runs that forward; when kernels.prepare gave it fastdecode's (which packs its own fused
+    matrices), only on a first use of the stock forward (a layer-skip view has a model of its own: packed now)."""
+    fastlinear.install(model, pack=fastdecode.runner_for(model) is None)
 
 
 def tree_arguments(model, positions: torch.Tensor, allowed: torch.Tensor) -> dict:

@@ -19,8 +19,9 @@ any change of kernel. The packed copy costs memory: one more copy of each model'
 Only the engine's forwards use it: `install(model)` gives each nn.Linear a forward that takes the
 packed path inside `active()` and is plain `F.linear` everywhere else, so transformers' own
 generate() (bench's peers) runs the stock code on the same model objects. Weights are packed at
-install (about 0.2 s for SmolLM2-135M); one changed in place later (its `_version` moves) is packed
-again on its next forward.
+install (about 0.4 s for SmolLM2-135M), except for a model that runs fastdecode's forward (engine.install_linears:
+that forward packs its own fused matrices, and these would be a second copy never read); one changed in place
+later (its `_version` moves) is packed again on its next forward.
 """
 
 from __future__ import annotations
@@ -147,16 +148,18 @@ def wanted(dtype: torch.dtype, shape: tuple[int, int]) -> bool:
     return mode == "1" or faster(dtype, shape)
 
 
-def install(model: torch.nn.Module) -> None:
+def install(model: torch.nn.Module, pack: bool = True) -> None:
     """Give every nn.Linear of `model` the switchable forward and pack its weight now, so the first
     prefill does not pay for it (idempotent: a weight already packed is not packed again). Only where
     it is wanted (see `wanted`), judged per dtype and shape: a 576x576 projection, a 1536x576 MLP matrix
-    and a 49152x576 head can each go either way on a given CPU."""
+    and a 49152x576 head can each go either way on a given CPU. `pack=False` leaves the packing to a first
+    use: for a model whose forwards run fastdecode's (which packs its own fused matrices), these copies would
+    cost a start 0.4 s and a whole copy of the weights' memory for nothing."""
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and wanted(module.weight.dtype, tuple(module.weight.shape)):
             if "forward" not in module.__dict__:
                 module.forward = types.MethodType(_forward, module)
-            if module.weight.device.type == "cpu":
+            if pack and module.weight.device.type == "cpu":
                 _packed_weight(module)
 
 

@@ -242,3 +242,25 @@ def test_auto_decides_once_per_machine_and_keeps_the_choice(small_llama_pair, mo
     assert second.mode == first.mode and second.why == first.why
     assert (fastdecode.runner_for(target.model) is not None) == (second.mode == "compiled")
     fastdecode.uninstall(target.model)
+
+
+@needs_compiler
+def test_a_model_on_the_fast_forward_gets_no_second_packed_copy_of_its_linears(small_llama_pair, monkeypatch):
+    """fastdecode packs its own fused matrices; the Decoder must not also pack every nn.Linear for transformers'
+    forward of that model (a whole copy of the weights, 0.4 s of a start), but must for a model that runs it."""
+    from specview import fastlinear
+
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")  # packing wanted for every shape, whatever this CPU measured
+    target, draft = (copy.copy(lm) for lm in small_llama_pair)
+    target.model, draft.model = copy.deepcopy(target.model), copy.deepcopy(draft.model)  # no packs yet
+    kernels.prepare(target, "on")  # the target on the fast forward, the draft on transformers'
+    try:
+        Decoder(target, draft, SamplingConfig(temperature=0), k=2)
+
+        def packed(model):
+            return [m in fastlinear._packed for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+        assert packed(target.model) and not any(packed(target.model))
+        assert packed(draft.model) and all(packed(draft.model))
+    finally:
+        fastdecode.uninstall(target.model)
