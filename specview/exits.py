@@ -22,16 +22,19 @@ def exit_now(code: int) -> None:
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
     if _watched() or any(t.is_alive() for t in others):
         sys.exit(code)
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a reader that left (BrokenPipeError), a stream already closed
-            pass
-    try:  # what C libraries wrote through C's stdio (block-buffered into a pipe or file) is flushed too
-        import ctypes
+    try:
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a reader that left (BrokenPipeError), a stream already closed
+                pass
+        try:  # what C libraries wrote through C's stdio (block-buffered into a pipe or file) is flushed too
+            import ctypes
 
-        ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError):
-        pass
+            ctypes.CDLL(None).fflush(None)
+        except (OSError, AttributeError):
+            pass
+    except KeyboardInterrupt:  # a Ctrl-C while ending: end as an interrupted command does, without a traceback
+        code = 130
     os._exit(int(code or 0))
