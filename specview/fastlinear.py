@@ -163,6 +163,13 @@ def install(model: torch.nn.Module, pack: bool = True) -> None:
                 _packed_weight(module)
 
 
+def drop_packs(model: torch.nn.Module) -> None:
+    """Forget the packed copies of `model`'s weights (packed again on a first use): for a model whose forwards
+    another path runs now, they would hold a whole copy of its weights for nothing."""
+    for module in model.modules():
+        _packed.pop(module, None)
+
+
 def uninstall(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and "forward" in module.__dict__:

@@ -32,6 +32,9 @@ from transformers.pytorch_utils import Conv1D
 
 from specview.errors import SpecviewError
 
+# The version of what quantize, split_halves and pack_codes produce: the int4 copy's disk cache (models._int4_copy)
+# keys its entries with it. Bump it with any change to those three, or a user's cache hands old codes to new code.
+CODES_FORMAT = 1
 GROUP_SIZE = 32
 GROUP_SIZES = (32, 64, 128, 256)  # the kernels accept no others
 N_MULTIPLE = {"cpu": 16, "cuda": 8}  # the CPU packer works on 16 output rows at a time; tinygemm on 8

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specview import compiler, fastdecode, fastgpt2, machine
+from specview import compiler, fastdecode, fastgpt2, fastlinear, machine
 from specview.errors import SpecviewError
 
 MODES = ("auto", "on", "off")
@@ -113,6 +113,7 @@ def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
     if choice == "eager":
         fastdecode.uninstall(model)
         return ForwardChoice("eager", why)
+    fastlinear.drop_packs(model)  # the probe's packs for transformers' forward, which the compiled one never reads
     return ForwardChoice("compiled", f"{why}; {how}", pieces, compile_s)
 
 
@@ -147,7 +148,6 @@ def _probe_forward(lm, runner, rounds: int = 7) -> tuple[float, float]:
     """Median one-token forward, compiled against transformers' (with fastlinear), interleaved."""
     from transformers import DynamicCache
 
-    from specview import fastlinear
     from specview.kvcache import crop_cache
 
     fastlinear.install(lm.model)

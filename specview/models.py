@@ -332,7 +332,7 @@ def _int4_copy(base: torch.nn.Module, src: ModelSource, cache: bool) -> torch.nn
     if key is None:
         return int4.int4_copy(base, head=head)
     # the packed layout is the CPU kernel's: the capability torch dispatches on (AVX512, AVX2...) is in the key
-    key = {**key, "int4": {"group": int4.GROUP_SIZE, "head": head, "codes": 2,
+    key = {**key, "int4": {"group": int4.GROUP_SIZE, "head": head, "codes": int4.CODES_FORMAT,
                            "capability": torch.backends.cpu.get_cpu_capability()}}
     name = f"{os.path.splitext(src.gguf_file)[0]}-int4{'+head' if head else ''}"
     model, _how = weights_cache.cached_load(

@@ -89,14 +89,14 @@ def cached_load(
         try:
             return load(entry), "hit"
         except Exception as err:  # noqa: BLE001 - whatever the reason, the source can rebuild it
-            log.warning("specview: cached model %s does not load (%s); rebuilding it", entry, _short(err))
+            log.warning("specview: cache entry %s does not load (%s); rebuilding it", entry, _short(err))
     elif problem != "missing":
-        log.warning("specview: cached model %s is broken (%s); rebuilding it", entry, problem)
+        log.warning("specview: cache entry %s is broken (%s); rebuilding it", entry, problem)
     obj = build()
     try:
         _write_entry(entry, key_inputs, lambda folder: save(obj, folder))
     except Exception as err:  # noqa: BLE001 - best effort: a read-only or full disk must not stop a run
-        log.warning("specview: could not cache the converted model in %s (%s)", entry.parent, _short(err))
+        log.warning("specview: could not write the cache entry %s (%s)", entry, _short(err))
         return obj, "built, not cached"
     return obj, "built"
 

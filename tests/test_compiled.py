@@ -229,8 +229,14 @@ def test_gpt2_greedy_speculative_compiled_equals_greedy_autoregressive(small_voc
 def test_auto_decides_once_per_machine_and_keeps_the_choice(small_llama_pair, monkeypatch):
     target, _ = small_llama_pair
     monkeypatch.delenv("SPECVIEW_COMPILE")
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")  # packing wanted for every shape, whatever this CPU measured
+    from specview import fastlinear
+
+    probe = kernels._probe_forward  # the real probe (it runs transformers' forward packed), its verdict compiled:
+    monkeypatch.setattr(kernels, "_probe_forward", lambda lm, runner: (probe(lm, runner), (1.0, 10.0))[1])
     first = kernels.prepare(target, "auto")
-    assert first.mode in ("compiled", "eager") and "probe" in first.why
+    assert first.mode == "compiled" and "probe" in first.why
+    assert not any(m in fastlinear._packed for m in target.model.modules())  # the probe's packs are not kept
     assert first.compile_s is None or first.compile_s < 600  # a hang guard, not a timing test
 
     def no_second_probe(*args):
