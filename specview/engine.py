@@ -292,8 +292,8 @@ class Run:
         return result
 
     def _decide(self, logits: torch.Tensor, proposal: Proposal | None, host: bool | None = None) -> Decision:
-        """The accept test, the residual / bonus draw, all on the device; ONE transfer to the host. (On the CPU,
-        _decide_on_host walks the same way in Python: the same decisions, without every node's residual.)
+        """The accept test, the residual / bonus draw, all on the device; ONE transfer to the host. (On the CPU the
+        walk runs in Python, _walk_on_host: the same decisions, without every node's residual.)
 
         One code path for chains and trees (a chain is a tree whose node j has parent j - 1): the nodes are
         visited in order and a node is tried when its parent is the last node accepted, against the law
@@ -301,30 +301,31 @@ class Run:
         residual). Accepted: the walk moves to its children. All children rejected: draw from the residual;
         no child: the bonus from the node's row. A chain draws and decides exactly as before trees."""
         dec = self.dec
-        greedy = dec.sampling.greedy
         with dec.timer.phase("softmax"):
             p = probs_from_logits(logits, dec.sampling)  # [n+1, V]: row 0 after the root, row 1 + j after node j
         empty = torch.zeros(0, device=dec.device)
         if proposal is None:
-            current = torch.tensor(-1, device=dec.device)
-            extra = sample(p[0], dec.generator, greedy)
-            top = torch.topk(p[0], min(RESIDUAL_TOP, p.shape[-1]))
-            return Decision.from_device(extra, empty, empty, empty, empty, empty, empty, top.indices, top.values)
+            return self._decision(p[0], empty, empty, empty, empty, empty, empty)
         d, q = proposal.tokens, proposal.q
         n = len(d)
         parents = proposal.parents if proposal.parents is not None else list(range(-1, n - 1))
-        if host is None:  # the host walk on the CPU (tests compare both walks with `host`)
-            host = dec.device.type == "cpu"
-        if host:
-            return self._decide_on_host(p, d, q, parents)
         above = torch.tensor([parent + 1 for parent in parents], device=dec.device)  # each node's row of p
         px, qx = p[above, d], q[torch.arange(n, device=dec.device), d]
-        if greedy:
-            r = empty
-            matches = d == p.argmax(dim=-1)[above]
+        if dec.sampling.greedy:
+            r, matches = empty, d == p.argmax(dim=-1)[above]
         else:
-            r = torch.rand(n, generator=dec.generator, device=dec.device)
-        current = torch.tensor(-1, device=dec.device)  # the last node accepted (-1: the root)
+            r, matches = torch.rand(n, generator=dec.generator, device=dec.device), None
+        if host is None:  # the host walk on the CPU (tests compare both walks with `host`)
+            host = dec.device.type == "cpu"
+        walk = self._walk_on_host if host else self._walk_on_device
+        dist, tried, accepted = walk(p, d, q, parents, qx, r, matches)
+        return self._decision(dist, tried, accepted, d, px, qx, r)
+
+    def _walk_on_device(self, p, d, q, parents, qx, r, matches):
+        """The walk without a branch on a device value: every node's test, residual and selects computed, the
+        outcome kept by torch.where. -> (the law of the extra token, tried [n], accepted [n])."""
+        greedy = self.dec.sampling.greedy
+        current = torch.tensor(-1, device=p.device)  # the last node accepted (-1: the root)
         target = residual = p[0]
         tried, accepted = [], []
         for j, parent in enumerate(parents):
@@ -342,28 +343,17 @@ class Run:
             accepted.append(ok)
         # After the last acceptance with no child tried, `residual` is that node's row: the bonus distribution.
         dist = p.index_select(0, (current + 1).view(1))[0] if greedy else residual
-        extra = sample(dist, dec.generator, greedy)
-        top = torch.topk(dist, min(RESIDUAL_TOP, dist.shape[-1]))
-        return Decision.from_device(extra, torch.stack(tried), torch.stack(accepted), d, px, qx, r, top.indices,
-                                    top.values)
+        return dist, torch.stack(tried), torch.stack(accepted)
 
-    def _decide_on_host(self, p: torch.Tensor, d: torch.Tensor, q: torch.Tensor, parents: list[int]) -> Decision:
-        """_decide when the tensors live on the CPU, where reading a result costs nothing: the same walk in Python,
-        so a residual is computed only where a tried node is rejected. The device walk computes one, and two
-        full-vocabulary selects, for every node whatever happened (2.1 against 0.7 ms for a 4-node chain at 2
-        threads on a 49k vocabulary; a 30-node tree pays it 30 times). The same draws in the same order and the
-        same float32 arithmetic on the same numbers: the same decisions, bit for bit (tests/test_engine.py)."""
-        dec = self.dec
-        greedy = dec.sampling.greedy
-        n = len(d)
-        above = torch.tensor([parent + 1 for parent in parents])  # each node's row of p
-        px, qx = p[above, d], q[torch.arange(n), d]
+    def _walk_on_host(self, p, d, q, parents, qx, r, matches):
+        """_walk_on_device when the tensors live on the CPU, where reading a result costs nothing: the same walk in
+        Python, so a residual is computed only where a tried node is rejected. The device walk computes one, and
+        two full-vocabulary selects, for every node whatever happened (2.1 against 0.7 ms for a 4-node chain at 2
+        threads on a 49k vocabulary; a 30-node tree pays it 30 times). The same float32 arithmetic on the same
+        numbers: the same decisions, bit for bit (tests/test_engine.py)."""
+        greedy = self.dec.sampling.greedy
         tokens = d.tolist()
-        if greedy:
-            r = torch.zeros(0)
-            matches = (d == p.argmax(dim=-1)[above]).tolist()
-        else:
-            r = torch.rand(n, generator=dec.generator)
+        matches = matches.tolist() if greedy else None
         current = -1  # the last node accepted (-1: the root)
         target = residual = p[0]
         tried, accepted = [], []
@@ -383,10 +373,15 @@ class Run:
         # All children of the last accepted node rejected: the running residual; none tried: that node's row (the
         # bonus). Greedy: the row after the last accepted node, whose argmax the target would have chosen.
         dist = p[current + 1] if greedy else residual
-        extra = sample(dist, dec.generator, greedy)
+        return dist, torch.tensor(tried), torch.tensor(accepted)
+
+    def _decision(self, dist, tried, accepted, d, px, qx, r) -> Decision:
+        """The extra token drawn from `dist` (after the uniforms of the accept tests), its law's top entries, and
+        everything moved to the host in one transfer."""
+        dec = self.dec
+        extra = sample(dist, dec.generator, dec.sampling.greedy)
         top = torch.topk(dist, min(RESIDUAL_TOP, dist.shape[-1]))
-        return Decision.from_device(extra, torch.tensor(tried), torch.tensor(accepted), d, px, qx, r, top.indices,
-                                    top.values)
+        return Decision.from_device(extra, tried, accepted, d, px, qx, r, top.indices, top.values)
 
     def _emit(self, decision: Decision, proposal: Proposal | None) -> StepResult:
         """Append the step's tokens (cut at the first EOS) and build its StepResult once, from the cut."""
