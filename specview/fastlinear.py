@@ -174,7 +174,7 @@ def uninstall(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and "forward" in module.__dict__:
             del module.forward
-            _packed.pop(module, None)
+    drop_packs(model)  # only modules given the forward were ever packed
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
