@@ -184,8 +184,8 @@ class AotFunction:
             if isinstance(a, torch.Tensor):
                 out.append(a)
             elif isinstance(a, tuple):
-                known = self._flat_tuples.get(id(a))
-                if known is None or known[0] is not a:
+                known = self._flat_tuples.get(id(a))  # the entry holds the tuple: its id is not reused meanwhile
+                if known is None:
                     if len(self._flat_tuples) > 4096:  # not a model's weights after all: do not grow without end
                         self._flat_tuples.clear()
                     known = self._flat_tuples[id(a)] = (a, _tensors(a, []))
