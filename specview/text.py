@@ -17,3 +17,13 @@ def text_problem(text: str) -> str | None:
                     "(give the text in UTF-8)")
         return f"a lone surrogate U+{code:04X} at character {err.start} is not Unicode text (a broken \\u escape?)"
     return None
+
+
+def ascii_int(text: str, most_digits: int) -> int | None:
+    """'0016' -> 16: a whole number written in ASCII digits with at most `most_digits` significant ones, else None.
+    "²" is a digit to str.isdigit() but not to int(), and int() refuses over 4300 digits (leading zeros count):
+    both raise ValueError, where a parser of user input wants an answer."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    digits = text.lstrip("0") or "0"
+    return int(digits) if len(digits) <= most_digits else None

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specview.errors import SpecviewError, quoted
+from specview.text import ascii_int
 
 _OPTION = re.compile(r"^[a-z_]+=[^,:@/]*$")
 _LAYERS = re.compile(r"^\d+(-\d+)?$")  # more of a self:skip= set: self:skip=4-9,15
@@ -80,7 +81,7 @@ def split_tree(spec: str) -> tuple[str, TreeShape | None]:
         key, eq, text = item.partition("=")
         if key not in TREE_LIMITS or not eq or key in values:
             raise SpecviewError(f"--draft {quoted(spec)}: unknown tree option {quoted(item)} (use b=N, d=N, nodes=N)")
-        number = _small_count(text)
+        number = ascii_int(text, 6)  # every limit is below a million
         if number is None or not 1 <= number <= TREE_LIMITS[key]:
             raise SpecviewError(f"--draft {quoted(spec)}: tree {key} must be an integer from 1 to {TREE_LIMITS[key]}, "
                                 f"got {quoted(text)}")
@@ -88,13 +89,6 @@ def split_tree(spec: str) -> tuple[str, TreeShape | None]:
     if base.partition(":")[0] == "ngram" and set(values) - {"b"}:
         raise SpecviewError(f"--draft {quoted(spec)}: an n-gram tree takes only b=N (the branches)")
     return base, TreeShape(values.get("b", 2 if "nodes" not in values else 4), values.get("d"), values.get("nodes"))
-
-
-def _small_count(text: str) -> int | None:
-    """'16' -> 16; None for anything but ASCII digits of a number below a million. "²" is a digit to isdigit() but
-    not to int(), and int() refuses over 4300 digits (leading zeros count): both raised ValueError."""
-    digits = text.lstrip("0") or "0"
-    return int(digits) if text.isascii() and text.isdigit() and len(digits) <= 6 else None
 
 
 def kind(spec: str) -> str:

@@ -39,6 +39,7 @@ from specview.serve.metrics import CONTENT_TYPE, ServeMetrics
 from specview.serve.openapi import openapi_document
 from specview.serve.schema import ApiError, GenerateRequest, PredictRequest, parse_body
 from specview.serve.worker import EngineWorker, Job
+from specview.text import ascii_int
 
 PING_S = 15  # SSE comment lines keep idle streams alive through proxies
 CLIENT_GONE = 499  # nginx's "client closed request": the answer nobody reads, for the access log
@@ -83,13 +84,8 @@ class BugsAreAnswers:
 
 def last_event_id(header: str) -> int | None:
     """A Last-Event-ID header -> the id to replay after, or None (from now on) when it is not a record number.
-
-    ASCII digits only: "²" is a digit to str.isdigit() but int() refuses it. Past 19 digits it is after every id
-    this server can have given, so nothing is replayed either way; int() of over 4300 digits raises instead."""
-    if not (header.isascii() and header.isdigit()):
-        return None
-    digits = header.lstrip("0") or "0"
-    return int(digits) if len(digits) <= 19 else None
+    Past 19 digits it is after every id this server can have given, so nothing is replayed either way."""
+    return ascii_int(header, 19)
 
 
 async def until_disconnected(request: Request) -> None:
