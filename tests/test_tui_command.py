@@ -60,3 +60,16 @@ def test_tui_command_saves_the_profile_when_the_app_crashes(headless_tui, capsys
     assert code == 1, err
     assert "a bug in a widget" in err  # Textual's traceback
     assert "profile written: " in err
+
+
+def test_the_engine_child_leaves_a_core_to_the_screen_unless_threads_are_given(monkeypatch):
+    """torch's default (a thread per core) made the TUI's engine child wait on the screen's thread: on two cores a
+    step took seconds. With --threads unset the child takes one fewer than the cores this process may use."""
+    from specview.settings import Settings
+    from specview.tui.app import engine_settings
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert engine_settings(Settings()).threads == 3
+    assert engine_settings(Settings(threads=4)).threads == 4  # the user's choice stands
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert engine_settings(Settings()).threads == 1  # never zero
