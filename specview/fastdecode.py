@@ -176,6 +176,9 @@ class FastForward:
         # the attention's dtype: half-precision attention is slow on CPU (module docstring)
         self.kv_dtype = torch.float32 if self.dtype in (torch.bfloat16, torch.float16) else self.dtype
         self.gemv, self.compiled = gemv, compiled
+        # Whether the packed copies also serve the one-row products, which fastlinear's probe then weighs too: a
+        # compiled forward multiplies one row with its own kernel (`gemv`), so only a verify's rows count there.
+        self.one_row_packed = not compiled or gemv == "packed"
         self._gather_model(model)
         from specview import compiler
 
@@ -196,7 +199,7 @@ class FastForward:
     def _gather_model(self, model) -> None:
         self.layers = [self._gather(layer) for layer in model.model.layers]
         self.final_norm = model.model.norm.weight
-        self.lm_head = _weight(model.lm_head)
+        self.lm_head = _weight(model.lm_head, self.one_row_packed)
 
     def _eager_functions(self) -> _Fns:
         return _EAGER
@@ -229,8 +232,10 @@ class FastForward:
         attn, mlp = layer.self_attn, layer.mlp
         return {
             "norm1": layer.input_layernorm.weight, "norm2": layer.post_attention_layernorm.weight,
-            "qkv": _fuse(attn.q_proj, attn.k_proj, attn.v_proj), "o": _weight(attn.o_proj),
-            "gate_up": _fuse(mlp.gate_proj, mlp.up_proj), "down": _weight(mlp.down_proj),
+            "qkv": _fuse(attn.q_proj, attn.k_proj, attn.v_proj, one_row=self.one_row_packed),
+            "o": _weight(attn.o_proj, self.one_row_packed),
+            "gate_up": _fuse(mlp.gate_proj, mlp.up_proj, one_row=self.one_row_packed),
+            "down": _weight(mlp.down_proj, self.one_row_packed),
         }
 
     def pieces(self) -> dict:
@@ -292,22 +297,23 @@ class FastForward:
         return (self.fns, self.gemv) if rows == 1 else (self.fns_rows, "packed")
 
 
-def _weight(module):
-    """A linear module as linear()'s weight tuple (nn.Linear or drafters.int4.Int4Linear)."""
+def _weight(module, one_row: bool = True):
+    """A linear module as linear()'s weight tuple (nn.Linear or drafters.int4.Int4Linear). `one_row`: whether a
+    packed copy would serve one-row products too (FastForward.one_row_packed)."""
     if type(module).__name__ == "Int4Linear":
         return ("int4", module.packed, module.scales_and_zeros, module.group_size, module.bias,
                 getattr(module, "halves", None))
-    return _dense(module.weight.detach(), module.bias)
+    return _dense(module.weight.detach(), module.bias, one_row)
 
 
-def _dense(weight: torch.Tensor, bias):
+def _dense(weight: torch.Tensor, bias, one_row: bool = True):
     from specview import fastlinear
 
-    packed = fastlinear.pack(weight) if fastlinear.wanted(weight.dtype, tuple(weight.shape)) else None
+    packed = fastlinear.pack(weight) if fastlinear.wanted(weight.dtype, tuple(weight.shape), one_row) else None
     return ("dense", weight, packed, bias)
 
 
-def _fuse(*modules):
+def _fuse(*modules, one_row: bool = True):
     """One matrix for the products that read the same input (q/k/v, gate/up): one pass, one call (int4 layers:
     _fuse_int4)."""
     if any(type(m).__name__ == "Int4Linear" for m in modules):
@@ -316,7 +322,7 @@ def _fuse(*modules):
     biases = [m.bias for m in modules]
     bias = None if all(b is None for b in biases) else torch.cat(
         [b.detach() if b is not None else torch.zeros(w.shape[0], dtype=w.dtype) for b, w in zip(biases, weights)])
-    return ("fused", _dense(torch.cat(weights), bias))
+    return ("fused", _dense(torch.cat(weights), bias, one_row))
 
 
 def _fuse_int4(modules):

@@ -55,7 +55,7 @@ def head(h, ln_w, ln_b, eps: float, w, gemv: str):
 _EAGER = _Fns(attn_in, attn_out, head)
 
 
-def _conv1d(module):
+def _conv1d(module, one_row: bool = True):
     """A Conv1D (weight [in, out]) or an Int4Linear made from one, as linear()'s weight tuple. The Conv1D's
     weight is re-laid out in place: its values stay, its storage becomes [out, in] (the parameter a transposed
     view of it, which Conv1D's addmm takes as well), so the model holds one copy, not two (gpt2-xl: 6 GB)."""
@@ -64,7 +64,7 @@ def _conv1d(module):
     weight = module.weight.detach()
     if weight.is_contiguous():  # [in, out] as transformers made it: lay it out as [out, in] once
         module.weight.data = weight.t().contiguous().t()
-    return _dense(module.weight.detach().t(), module.bias)
+    return _dense(module.weight.detach().t(), module.bias, one_row)
 
 
 class GPT2Forward(FastForward):
@@ -78,11 +78,11 @@ class GPT2Forward(FastForward):
     def _gather_model(self, model) -> None:
         self.layers = [{
             "ln1": (block.ln_1.weight, block.ln_1.bias), "ln2": (block.ln_2.weight, block.ln_2.bias),
-            "qkv": _conv1d(block.attn.c_attn), "o": _conv1d(block.attn.c_proj),
-            "fc": _conv1d(block.mlp.c_fc), "proj": _conv1d(block.mlp.c_proj),
+            "qkv": _conv1d(block.attn.c_attn, self.one_row_packed), "o": _conv1d(block.attn.c_proj, self.one_row_packed),
+            "fc": _conv1d(block.mlp.c_fc, self.one_row_packed), "proj": _conv1d(block.mlp.c_proj, self.one_row_packed),
         } for block in model.transformer.h]
         self.final_norm = (model.transformer.ln_f.weight, model.transformer.ln_f.bias)
-        self.lm_head = _weight(model.lm_head)
+        self.lm_head = _weight(model.lm_head, self.one_row_packed)
 
     def _eager_functions(self) -> _Fns:
         return _EAGER

@@ -100,7 +100,7 @@ def test_environment_switch_turns_it_off(monkeypatch):
 
 def test_auto_packs_only_the_dtypes_measured_faster(monkeypatch):
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "auto")
-    monkeypatch.setattr(fastlinear, "faster", lambda dtype, shape: dtype == torch.bfloat16)
+    monkeypatch.setattr(fastlinear, "faster", lambda dtype, shape, one_row=True: dtype == torch.bfloat16)
     f32, bf16 = _linear(torch.float32), _linear(torch.bfloat16)
     fastlinear.install(f32)
     fastlinear.install(bf16)
@@ -111,7 +111,7 @@ def test_auto_packs_only_the_dtypes_measured_faster(monkeypatch):
 def test_each_shape_gets_its_own_choice(monkeypatch):
     """A projection and a head of the same dtype can go either way on a CPU: judged per shape."""
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "auto")
-    monkeypatch.setattr(fastlinear, "faster", lambda dtype, shape: shape == (64, 32))
+    monkeypatch.setattr(fastlinear, "faster", lambda dtype, shape, one_row=True: shape == (64, 32))
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 48))
     fastlinear.install(model)
     assert ("forward" in model[0].__dict__) == fastlinear.supported(torch.float32)
@@ -128,23 +128,58 @@ def test_the_choice_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch)
 
     def fake_probe(dtype, shape):
         probes.append((dtype, shape))
-        return (1.0, 0.5) if dtype == torch.float32 else (1.0, 0.95)  # packed clearly faster / not by 10%
+        packed = 0.5 if dtype == torch.float32 else 0.95  # packed clearly faster / not by 10%
+        return {"stock_one": 1.0, "stock_rows": 1.0, "packed_one": packed, "packed_rows": packed}
 
     monkeypatch.setattr(fastlinear, "_probe", fake_probe)
     for _ in range(2):
-        fastlinear.faster.cache_clear()  # a new process
+        fastlinear.probe_seconds.cache_clear()  # a new process
         assert fastlinear.faster(torch.float32, (64, 32)) is True
         assert fastlinear.faster(torch.bfloat16, (64, 32)) is False
     assert len(probes) == 2  # measured once each, then read back
     stored = json.loads((tmp_path / "fastlinear.json").read_text())
     assert len(stored) == 2 and all(f"threads={torch.get_num_threads()}" in key for key in stored)
     (tmp_path / "fastlinear.json").write_text("{damaged")  # measured again, rewritten
-    fastlinear.faster.cache_clear()
+    fastlinear.probe_seconds.cache_clear()
     assert fastlinear.faster(torch.float32, (64, 32)) is True and len(probes) == 3
     json.loads((tmp_path / "fastlinear.json").read_text())
-    fastlinear.faster.cache_clear()
+    fastlinear.probe_seconds.cache_clear()
 
 
 def test_the_real_probe_runs_on_this_torch_build():
-    stock_s, packed_s = fastlinear._probe(torch.float32, (256, 128), repeats=1)
-    assert stock_s > 0 and packed_s > 0
+    seconds = fastlinear._probe(torch.float32, (256, 128), repeats=1)
+    assert set(seconds) == {"stock_one", "stock_rows", "packed_one", "packed_rows"}
+    assert all(s > 0 for s in seconds.values())
+
+
+@pytest.mark.parametrize("one, rows, packed", [
+    (1.0, 0.78, True),  # a verify's clear gain, one row even: the AVX2 case the summed rule missed
+    (0.8, 1.02, True),  # a one-row gain, the verify within the noise
+    (0.8, 1.10, False),  # a gain at one row bought with a verify 10% slower
+    (0.95, 0.95, False),  # no clear gain anywhere: keep the stock path
+])
+def test_packing_wins_one_pass_clearly_and_loses_neither(one, rows, packed):
+    seconds = {"stock_one": 2.0, "stock_rows": 3.0, "packed_one": 2.0 * one, "packed_rows": 3.0 * rows}
+    assert fastlinear.packs(seconds) is packed
+
+
+def test_a_compiled_forward_packs_by_the_verify_alone(small_llama_pair, tmp_path, monkeypatch):
+    """fastdecode's compiled forward multiplies one row with its own kernel, so only the rows pass decides its
+    packed copies; transformers' forward and the eager one use them for one row too, so both passes decide."""
+    from specview import fastdecode
+
+    monkeypatch.setenv("SPECVIEW_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "auto")
+    monkeypatch.setattr(fastlinear, "supported", lambda dtype: True)
+    # the AVX2 576x1536 figures: packed 1.24x slower for one row, 0.86x for five
+    monkeypatch.setattr(fastlinear, "_probe", lambda dtype, shape: {
+        "stock_one": 4.45, "packed_one": 5.53, "stock_rows": 8.19, "packed_rows": 7.06})
+    fastlinear.probe_seconds.cache_clear()
+    try:
+        target, _ = small_llama_pair
+        compiled = fastdecode.FastForward(target.model, compiled=True, gemv="reduce")
+        eager = fastdecode.FastForward(target.model, compiled=False)
+        assert {p["rows"] for p in compiled.pieces().values()} == {"packed"}
+        assert {p["rows"] for p in eager.pieces().values()} == {"mm"}
+    finally:
+        fastlinear.probe_seconds.cache_clear()
