@@ -129,11 +129,32 @@ def floor_sentence(role: str, fig: dict | None, bandwidth_gbs: float | None, spe
         if role == "target" else "The draft's one-token forward"
     return (f"{which} takes {fig['ms']:.1f} ms; reading its {fig['bytes'] / 1e6:.0f} MB of weights and KV cache at "
             f"{bandwidth_gbs:.1f} GB/s takes {fig['floor_ms']:.1f} ms, so it runs at {fig['share']:.0%} of the "
-            f"memory bandwidth and {fig['above_ms']:.1f} ms of each forward is above the floor (time not spent "
-            f"reading memory: the small operators between the matmuls, dispatch, Python)."
+            f"memory bandwidth and {fig['above_ms']:.1f} ms of each forward is above the floor "
+            + _above_floor(fig, bandwidth_gbs)
             + (f" A one-token target forward (t_ar) takes {t_ar_ms:.1f} ms against about the same floor "
                f"({fig['floor_ms'] / t_ar_ms:.0%} of the bandwidth)." if role == "target" and speculative and t_ar_ms
                else ""))
+
+
+KERNEL_BOUND = 0.5  # the products take at least half the forward...
+SLOW_KERNELS = 0.7  # ...and read the weights at under 70% of the bandwidth: the kernels' arithmetic bounds it
+
+
+def _above_floor(fig: dict, bandwidth_gbs: float) -> str:
+    """What the time above the floor is spent on: the matrix products' kernels (where their time alone was
+    measured, kernels.products_ms) or the operators between them."""
+    products, weights = fig.get("products_ms"), fig.get("weight_bytes")
+    if not products or not weights:
+        return "(time not spent reading memory: the small operators between the matmuls, dispatch, Python)."
+    rest = max(fig["ms"] - products, 0.0)
+    rate = weights / products / 1e6
+    if products >= KERNEL_BOUND * fig["ms"] and rate < SLOW_KERNELS * bandwidth_gbs:
+        return (f"(its matrix products alone take {products:.1f} ms with the kernels it runs, timed apart on its own "
+                f"weights: they get through the weights at {rate:.1f} GB/s, so on this CPU the kernels' arithmetic "
+                f"bounds this forward, not memory; the other {rest:.1f} ms are the operators between them, dispatch, "
+                f"Python).")
+    return (f"(its matrix products alone take {products:.1f} ms with the kernels it runs, {rate:.1f} GB/s of its "
+            f"weights; the other {rest:.1f} ms are the small operators between them, dispatch, Python).")
 
 
 def candidates(f: Figures) -> list[tuple[float, str]]:

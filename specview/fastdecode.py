@@ -254,6 +254,16 @@ class FastForward:
                          "fused": group[0] == "fused" and name in ("qkv", "gate_up")}
         return out
 
+    def products(self) -> list:
+        """Every weight a forward multiplies by, as linear()'s tuples, in its order: each layer's, then the head
+        (kernels.products_ms times them alone)."""
+        out = []
+        for layer in self.layers:
+            for entry in layer.values():  # norms are tensors or (weight, bias): their first item is no kind
+                if isinstance(entry, tuple) and entry and isinstance(entry[0], str):
+                    out.extend(entry[1:] if entry[0] in ("fused", "split") else [entry])
+        return [*out, self.lm_head]
+
     def new_cache(self) -> StaticKV:
         return StaticKV(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype)
 

@@ -213,3 +213,47 @@ def _probe_one_row(kernel: str, dtype, shape, repeats: int = 5) -> float:
                 product(x, w, kernel)
             best = min(best, time.perf_counter() - t0)
     return best
+
+
+def products_ms(model, rows: tuple[int, ...]) -> dict[str, float] | None:
+    """{str(rows): ms} for each row count: the time of a forward's matrix products alone, with the kernels its
+    forward runs, over the model's own weights (streamed from memory as in a forward, the head included), best of
+    3. What the roofline sets beside a forward's memory floor: where these take most of the forward, its kernels'
+    arithmetic bounds it on this CPU (on an AVX2 EPYC torch's int4 kernel reads its codes at 3 GB/s, against 25
+    for memory), not the operators between them. None for a model on transformers' forward (its products are
+    modules of its own). Measured once per machine, torch, threads and forward, kept in CHOICE_FILE."""
+    runner = fastdecode.runner_for(model)
+    if runner is None:
+        return None
+    key = f"{_key(model, 'products')}/{'compiled ' + runner.gemv if runner.compiled else 'eager'}"
+    cached = machine.read_cached(CHOICE_FILE)
+    entry = cached.get(key) if isinstance(cached.get(key), dict) else {}
+    missing = [r for r in rows if not isinstance(entry.get(str(r)), float)]
+    if missing:
+        entry = {**entry, **{str(r): _time_products(runner, r) for r in missing},
+                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        cached = machine.read_cached(CHOICE_FILE)
+        cached[key] = entry
+        machine.store_cached(CHOICE_FILE, cached)
+    return {str(r): entry[str(r)] for r in rows}
+
+
+def _time_products(runner, rows: int, repeats: int = 3) -> float:
+    """ms of one pass of `rows` rows through every product of `runner`'s forward, as its functions run them: one
+    row with the one-row kernel (the compiled reduce where that is the choice), several with the packed copies."""
+    one_row = rows == 1 and runner.compiled
+    gemv = runner.gemv if one_row else "packed"
+    compiled = compiler.compile_fn(fastdecode.linear) if one_row and gemv == "reduce" else None
+    calls = []
+    for w in runner.products():
+        features = w[2].shape[0] * w[3] if w[0] == "int4" else w[1].shape[1]
+        product = compiled if compiled is not None and w[0] == "dense" else fastdecode.linear
+        calls.append((product, torch.randn(rows, features, dtype=runner.dtype), w))
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats + 1):  # the first pass compiles and warms up
+            t0 = time.perf_counter()
+            for product, x, w in calls:
+                product(x, w, gemv)
+            best = min(best, time.perf_counter() - t0)
+    return best * 1000

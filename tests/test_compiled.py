@@ -270,3 +270,25 @@ def test_a_model_on_the_fast_forward_gets_no_second_packed_copy_of_its_linears(s
         assert packed(draft.model) and all(packed(draft.model))
     finally:
         fastdecode.uninstall(target.model)
+
+
+def test_the_products_of_a_forward_are_timed_alone_once_per_machine(small_llama_pair, tmp_path, monkeypatch):
+    """kernels.products_ms runs every weight of the forward (each layer's and the head) through the kernels the
+    forward uses, on the model's own weights; kept per machine, so the next process measures nothing."""
+    monkeypatch.setenv("SPECVIEW_CACHE_DIR", str(tmp_path))
+    target, _ = small_llama_pair
+    assert kernels.products_ms(target.model, (1, 3)) is None  # transformers' forward: nothing of ours to time
+    runner = fastdecode.install(target.model, compiled=False)
+    try:
+        layers = len(target.model.model.layers)
+        assert len(runner.products()) == 4 * layers + 1  # fused q/k/v, o, fused gate/up, down; the head
+        calls = []
+        real = kernels._time_products
+        monkeypatch.setattr(kernels, "_time_products", lambda r, rows: calls.append(rows) or real(r, rows))
+        first = kernels.products_ms(target.model, (1, 3))
+        assert set(first) == {"1", "3"} and all(ms > 0 for ms in first.values()) and calls == [1, 3]
+        assert kernels.products_ms(target.model, (1, 3)) == first and calls == [1, 3]  # read back, not measured
+        kernels.products_ms(target.model, (1, 5))
+        assert calls == [1, 3, 5]  # only the new row count
+    finally:
+        fastdecode.uninstall(target.model)

@@ -142,3 +142,18 @@ def test_the_report_shows_the_roofline_and_the_diagnosis(doc):
     text = console.export_text()
     assert "roofline: forwards against the memory floor (10.0 GB/s measured)" in text
     assert "why the speedup is what it is" in text and "less than 0.55 of a target token" in text
+
+
+def test_kernels_that_bound_a_forward_are_named_not_the_small_operators():
+    """Where the products alone take most of a forward and get through its weights far below the bandwidth (torch's
+    int4 kernel on an AVX2 CPU), the sentence says the kernels bound it; otherwise the rest is the operators."""
+    from specview.diagnosis import floor_sentence
+
+    fig = {"bytes": 124e6, "weight_bytes": 120e6, "floor_ms": 5.0, "ms": 32.0, "share": 5 / 32, "above_ms": 27.0}
+    slow = floor_sentence("draft", {**fig, "products_ms": 26.0}, 24.9, True)
+    assert "its matrix products alone take 26.0 ms" in slow and "at 4.6 GB/s" in slow
+    assert "the kernels' arithmetic bounds this forward, not memory; the other 6.0 ms" in slow
+    fast = floor_sentence("draft", {**fig, "products_ms": 6.0}, 24.9, True)
+    assert "arithmetic" not in fast and "20.0 GB/s of its weights; the other 26.0 ms are the small operators" in fast
+    untimed = floor_sentence("draft", fig, 24.9, True)
+    assert "alone" not in untimed and "the small operators between the matmuls" in untimed

@@ -175,3 +175,30 @@ def test_a_recorded_profile_has_the_roofline(loaded_pair, tmp_path):
     trace = json.loads(open(recorder.trace_path).read())
     counters = [e for e in trace["traceEvents"] if e["ph"] == "C" and e["name"].startswith("roofline")]
     assert counters and {"target floor ms", "target ms"} <= set(counters[0]["args"])
+
+
+def test_the_products_time_follows_each_forward_rows():
+    """A verify of d drafts multiplies d + 1 rows: its products' time is the one measured at that many rows, or on
+    the line through one row and the most measured; nothing where none was measured."""
+    from specview.profiling.roofline import products_at
+
+    products = {1: 2.0, 5: 6.0}
+    assert products_at(products, 5) == 6.0 and products_at(products, 3) == 4.0 and products_at(products, 1) == 2.0
+    assert products_at({}, 3) is None and products_at({1: 2.0}, 3) is None and products_at({5: 6.0}, 3) is None
+    info = {"bandwidth_gbs": 2.0, "prompt_len": 4, "target": {"weights": 100, "kv_per_token": 0,
+                                                              "products_ms": {"1": 2.0, "5": 6.0}},
+            "drafters": {"d": {"weights": 50, "kv_per_token": 0, "products_ms": {"1": 0.5}}}}
+    steps = [_step(0, 4, 4, 5, 9.0, 2.0), _step(0, 2, 0, 1, 9.0, 1.0)]  # a verify of 5 rows, one of 3
+    out = roofline_summary(steps, info)
+    assert out["target"]["products_ms"] == pytest.approx((6.0 + 4.0) / 2)
+    assert out["draft"]["products_ms"] == pytest.approx(0.5)
+    untimed = roofline_summary(steps, {**info, "target": {"weights": 100, "kv_per_token": 0}})
+    assert untimed["target"]["products_ms"] is None
+
+
+@pytest.mark.parametrize("junk", [{"x": 1.0}, {"0": 1.0}, {"-1": 1.0}, {"²": 1.0}, {"1": True}, {"1": -2.0},
+                                  {"1": float("inf")}, {"1": "3"}, [1.0], "1", None])
+def test_a_damaged_products_figure_is_left_out(junk):
+    info = {"bandwidth_gbs": 2.0, "prompt_len": 4, "target": {"weights": 100, "kv_per_token": 0, "products_ms": junk},
+            "drafters": {}}
+    assert roofline_summary([_step(0, 0, 0, 1, 5.0, 0.0)], info)["target"]["products_ms"] is None

@@ -20,6 +20,7 @@ import os
 import time
 
 from specview.machine import host_key, read_cached, store_cached
+from specview.text import ascii_int
 
 PROBE_BYTES = 256 * 2**20  # the streamed tensor: far past any CPU cache, ~10 ms to read
 PROBE_REPEATS = 20  # best of: a shared machine's noise only ever adds time (~0.2 s in all)
@@ -174,14 +175,24 @@ def _first(cfg, *names):
 
 
 def session_roofline(session, bandwidth: dict | None = None, drafters: bool = True) -> dict:
-    """What a profile's meta (and the TUI's loaded info) carries: the bandwidth and each model's bytes.
-    `drafters` maps each drafter's spec to its model's bytes (n-gram: 0 weights, no forwards)."""
+    """What a profile's meta (and the TUI's loaded info) carries: the bandwidth and each model's bytes, and where
+    its forward runs specview's own, the time of its matrix products alone (`products_ms`, kernels.products_ms:
+    the target at one row and at a verify's K + 1, a draft at one row). `drafters` maps each drafter's spec to its
+    model's figures (n-gram: 0 weights, no forwards)."""
+    from specview.kernels import products_ms
+
     bw = bandwidth or measure_bandwidth(session.device)
+
+    def figures(model, rows: tuple[int, ...]) -> dict:
+        products = products_ms(model, rows)
+        return {**model_bytes(model), **({"products_ms": products} if products else {})}
+
     per_drafter = {}
     for d in session.drafters if drafters else ():
         lm = getattr(d, "lm", None)
-        per_drafter[d.spec] = model_bytes(lm.model) if lm is not None else {"weights": 0, "kv_per_token": 0}
-    return {"bandwidth_gbs": bw["gbs"], "probe": bw["method"], "target": model_bytes(session.target.model),
+        per_drafter[d.spec] = figures(lm.model, (1,)) if lm is not None else {"weights": 0, "kv_per_token": 0}
+    return {"bandwidth_gbs": bw["gbs"], "probe": bw["method"],
+            "target": figures(session.target.model, (1, session.settings.k + 1)),
             "drafters": per_drafter, "prompt_len": len(session.prompt_ids)}
 
 
@@ -194,22 +205,28 @@ def floor_ms(nbytes: float, bandwidth_gbs: float) -> float:
 
 
 class ForwardTally:
-    """Forwards of one model: how many, the KV tokens they read (summed), their measured time (summed)."""
+    """Forwards of one model: how many, the KV tokens they read (summed), their measured time (summed), and the
+    time their matrix products alone take (summed, from `products`: {str(rows): ms}, kernels.products_ms)."""
 
-    def __init__(self, weights: int, kv_per_token: int):
+    def __init__(self, weights: int, kv_per_token: int, products: dict | None = None):
         self.weights, self.kv_per_token = weights, kv_per_token
+        self.products = dict(products or {})  # rows -> ms
         self.forwards = 0
         self.kv_tokens = 0
         self.ms = 0.0
+        self.products_ms = 0.0
 
-    def add(self, forwards: int, first_position: int, ms: float) -> None:
-        """`forwards` one after the other from a cache of `first_position` tokens, each one token longer."""
+    def add(self, forwards: int, first_position: int, ms: float, rows: int = 1) -> None:
+        """`forwards` one after the other from a cache of `first_position` tokens, each one token longer, each of
+        `rows` rows (a verify: the drafts + 1)."""
         self.forwards += forwards
         self.kv_tokens += forwards * first_position + forwards * (forwards - 1) // 2
         self.ms += ms
+        self.products_ms += forwards * (products_at(self.products, rows) or 0.0)
 
     def figures(self, bandwidth_gbs: float | None) -> dict:
-        """Per forward, averaged: bytes, floor_ms, ms, share = floor / ms, above_ms = ms - floor."""
+        """Per forward, averaged: bytes, floor_ms, ms, share = floor / ms, above_ms = ms - floor, and
+        products_ms (None where the products were not timed)."""
         n = self.forwards
         kv = self.kv_tokens * self.kv_per_token / n if n else 0.0
         nbytes = self.weights + kv
@@ -217,7 +234,19 @@ class ForwardTally:
         ms = self.ms / n if n else None
         return {"bytes": nbytes, "weight_bytes": self.weights, "kv_bytes": kv, "floor_ms": floor, "ms": ms,
                 "share": floor / ms if floor is not None and ms else None,
-                "above_ms": ms - floor if floor is not None and ms is not None else None, "forwards": n}
+                "above_ms": ms - floor if floor is not None and ms is not None else None, "forwards": n,
+                "products_ms": self.products_ms / n if n and self.products else None}
+
+
+def products_at(products: dict[int, float], rows: int) -> float | None:
+    """The products' time at `rows` rows: measured, or on the line through one row and the most rows measured
+    (a verify of fewer drafts than K: cost grows about linearly with rows where the kernels bound it)."""
+    if rows in products or not products:
+        return products.get(rows)
+    if 1 not in products or len(products) < 2:
+        return None
+    most = max(products)
+    return products[1] + (products[most] - products[1]) * (rows - 1) / (most - 1)
 
 
 def roofline_summary(steps: list[dict], info: dict | None) -> dict | None:
@@ -236,8 +265,8 @@ def roofline_summary(steps: list[dict], info: dict | None) -> dict | None:
         position = s.get("position") or run_tokens
         tokens[s.get("run")] = position + len(s.get("emitted") or [])
         phases = s.get("phases_ms") or {}
-        target.add(1, position, phases.get("verify") or 0.0)
         drafted = len(s.get("drafted") or [])
+        target.add(1, position, phases.get("verify") or 0.0, rows=drafted + 1)
         tally = drafters.get(s.get("drafter") or first)
         if drafted and tally is not None and tally.weights:
             tally.add(drafted, position, phases.get("draft") or 0.0)
@@ -249,7 +278,13 @@ def roofline_summary(steps: list[dict], info: dict | None) -> dict | None:
 
 
 def _bytes(b: dict) -> dict:
-    return {"weights": int(b.get("weights") or 0), "kv_per_token": int(b.get("kv_per_token") or 0)}
+    """ForwardTally's arguments from one model's figures in meta.roofline (a damaged or older file: what is valid)."""
+    products = b.get("products_ms") if isinstance(b.get("products_ms"), dict) else {}
+    products = {ascii_int(str(r), 6): ms for r, ms in products.items()
+                if isinstance(ms, (int, float)) and not isinstance(ms, bool) and 0 <= ms < float("inf")}
+    products = {r: ms for r, ms in products.items() if r}  # rows read back as a count of at least one
+    return {"weights": int(b.get("weights") or 0), "kv_per_token": int(b.get("kv_per_token") or 0),
+            "products": products or None}
 
 
 def _threads(n: int) -> str:
