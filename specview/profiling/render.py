@@ -218,9 +218,10 @@ def roofline_table(roof: dict) -> Table:
     """Each model's forward against its memory floor (docs/design.md "Roofline and diagnosis")."""
     table = Table(title=f"roofline: forwards against the memory floor ({fmt(roof.get('bandwidth_gbs'), '{:.1f}')} GB/s "
                         "measured)", title_justify="left",
-                  caption=f"floor = bytes read (weights + KV cache) / bandwidth; share = floor / measured. "
+                  caption=f"floor = bytes read (weights + KV cache) / bandwidth; share = floor / measured; products = "
+                          f"the matrix products alone, timed with the forward's own kernels (specview's forward only). "
                           f"Bandwidth probe: {roof.get('probe') or 'n/a'}", caption_justify="left")
-    for col in ("model", "forwards", "MB read", "floor ms", "measured ms", "share", "above floor ms"):
+    for col in ("model", "forwards", "MB read", "floor ms", "measured ms", "share", "above floor ms", "products ms"):
         table.add_column(col, justify="left" if col == "model" else "right")
     rows = [("target", roof.get("target")), ("  one-token (autoregressive)", roof.get("target_one_token")),
             ("draft", roof.get("draft"))]
@@ -229,7 +230,7 @@ def roofline_table(roof: dict) -> Table:
         if isinstance(fig, dict):
             table.add_row(name, str(fig.get("forwards")), fmt(_num(fig.get("bytes")) and fig["bytes"] / 1e6, "{:.1f}"),
                           fmt(fig.get("floor_ms")), fmt(fig.get("ms")), fmt(fig.get("share"), "{:.0%}"),
-                          fmt(fig.get("above_ms")))
+                          fmt(fig.get("above_ms")), fmt(fig.get("products_ms")))
     return table
 
 
