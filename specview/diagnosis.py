@@ -144,17 +144,20 @@ def _above_floor(fig: dict, bandwidth_gbs: float) -> str:
     """What the time above the floor is spent on: the matrix products' kernels (where their time alone was
     measured, kernels.products_ms) or the operators between them."""
     products, weights = fig.get("products_ms"), fig.get("weight_bytes")
-    if not products or not weights:
+    if not _positive(products) or not _positive(weights):
         return "(time not spent reading memory: the small operators between the matmuls, dispatch, Python)."
-    rest = max(fig["ms"] - products, 0.0)
+    rest = fig["ms"] - products
+    rest = f"; the rest, {rest:.1f} ms, is the operators between them, dispatch, Python" if rest >= 0.05 else ""
     rate = weights / products / 1e6
+    timed = (f"of its {fig['ms']:.1f} ms, the matrix products alone take {products:.1f} ms with the kernels it "
+             f"runs (timed apart on its own weights), getting through the weights at {rate:.1f} GB/s")
     if products >= KERNEL_BOUND * fig["ms"] and rate < SLOW_KERNELS * bandwidth_gbs:
-        return (f"(its matrix products alone take {products:.1f} ms with the kernels it runs, timed apart on its own "
-                f"weights: they get through the weights at {rate:.1f} GB/s, so on this CPU the kernels' arithmetic "
-                f"bounds this forward, not memory; the other {rest:.1f} ms are the operators between them, dispatch, "
-                f"Python).")
-    return (f"(its matrix products alone take {products:.1f} ms with the kernels it runs, {rate:.1f} GB/s of its "
-            f"weights; the other {rest:.1f} ms are the small operators between them, dispatch, Python).")
+        return f"({timed}: on this CPU those kernels, not memory, bound this forward{rest})."
+    return f"({timed}{rest})."
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
 
 
 def candidates(f: Figures) -> list[tuple[float, str]]:

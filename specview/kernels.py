@@ -22,6 +22,8 @@ start probes nothing.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import statistics
 import time
@@ -218,20 +220,26 @@ def _probe_one_row(kernel: str, dtype, shape, repeats: int = 5) -> float:
 def products_ms(model, rows: tuple[int, ...]) -> dict[str, float] | None:
     """{str(rows): ms} for each row count: the time of a forward's matrix products alone, with the kernels its
     forward runs, over the model's own weights (streamed from memory as in a forward, the head included), best of
-    3. What the roofline sets beside a forward's memory floor: where these take most of the forward, its kernels'
-    arithmetic bounds it on this CPU (on an AVX2 EPYC torch's int4 kernel reads its codes at 3 GB/s, against 25
-    for memory), not the operators between them. None for a model on transformers' forward (its products are
-    modules of its own). Measured once per machine, torch, threads and forward, kept in CHOICE_FILE."""
+    3. What the roofline sets beside a forward's memory floor: where these take most of the forward, its kernels
+    bound it on this CPU (on an AVX2 EPYC torch's int4 kernel gets through its codes at 3 GB/s, against 25 for
+    memory), not the operators between them. None for a model on transformers' forward (its products are modules
+    of its own) or where timing them fails (the roofline goes without). Measured once per machine, torch, threads
+    and the forward's pieces (each one's shape, dtype and kernels: an `@int4` head and an `@int4+head` one, packed
+    and stock copies, are other products), kept in CHOICE_FILE."""
     runner = fastdecode.runner_for(model)
     if runner is None:
         return None
-    key = f"{_key(model, 'products')}/{'compiled ' + runner.gemv if runner.compiled else 'eager'}"
+    pieces = json.dumps([runner.compiled, runner.gemv, runner.pieces(), len(runner.products())], sort_keys=True)
+    key = f"{_key(model, 'products')}/{hashlib.sha256(pieces.encode()).hexdigest()[:16]}"
     cached = machine.read_cached(CHOICE_FILE)
     entry = cached.get(key) if isinstance(cached.get(key), dict) else {}
-    missing = [r for r in rows if not isinstance(entry.get(str(r)), float)]
+    missing = [r for r in rows if not machine.a_time(entry.get(str(r)))]
     if missing:
-        entry = {**entry, **{str(r): _time_products(runner, r) for r in missing},
-                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        try:
+            measured = {str(r): _time_products(runner, r) for r in missing}
+        except Exception:  # noqa: BLE001 - a product that will not compile or run here: no figure, not a failed run
+            return None
+        entry = {**entry, **measured, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         cached = machine.read_cached(CHOICE_FILE)
         cached[key] = entry
         machine.store_cached(CHOICE_FILE, cached)
@@ -244,11 +252,12 @@ def _time_products(runner, rows: int, repeats: int = 3) -> float:
     one_row = rows == 1 and runner.compiled
     gemv = runner.gemv if one_row else "packed"
     compiled = compiler.compile_fn(fastdecode.linear) if one_row and gemv == "reduce" else None
+    inputs: dict[int, torch.Tensor] = {}  # one input per width: a model has three or four
     calls = []
     for w in runner.products():
         features = w[2].shape[0] * w[3] if w[0] == "int4" else w[1].shape[1]
-        product = compiled if compiled is not None and w[0] == "dense" else fastdecode.linear
-        calls.append((product, torch.randn(rows, features, dtype=runner.dtype), w))
+        x = inputs.setdefault(features, torch.randn(rows, features, dtype=runner.dtype))
+        calls.append((compiled if compiled is not None and w[0] == "dense" else fastdecode.linear, x, w))
     best = float("inf")
     with torch.inference_mode():
         for _ in range(repeats + 1):  # the first pass compiles and warms up

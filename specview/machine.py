@@ -69,6 +69,12 @@ def read_cached(name: str) -> dict:
         return {}  # missing or damaged: measure again
 
 
+def a_time(value) -> bool:
+    """A time read back from a cache file is used only if it is one: a float, finite and above zero (a 0 would
+    divide a rule by zero, a NaN would stop a profile from being written)."""
+    return isinstance(value, float) and 0 < value < float("inf")
+
+
 def store_cached(name: str, data: dict) -> None:
     path = cache_path(name)
     try:

@@ -290,5 +290,12 @@ def test_the_products_of_a_forward_are_timed_alone_once_per_machine(small_llama_
         assert kernels.products_ms(target.model, (1, 3)) == first and calls == [1, 3]  # read back, not measured
         kernels.products_ms(target.model, (1, 5))
         assert calls == [1, 3, 5]  # only the new row count
+        monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")  # stock kernels: other products, measured anew
+        fastdecode.install(target.model, compiled=True, gemv="mm")
+        assert {p["rows"] for p in fastdecode.runner_for(target.model).pieces().values()} == {"mm"}
+        kernels.products_ms(target.model, (1, 5))
+        assert calls == [1, 3, 5, 1, 5]
+        monkeypatch.setattr(kernels, "_time_products", lambda r, rows: 1 / 0)  # a product that cannot run here
+        assert kernels.products_ms(target.model, (7,)) is None
     finally:
         fastdecode.uninstall(target.model)

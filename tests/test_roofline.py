@@ -178,22 +178,28 @@ def test_a_recorded_profile_has_the_roofline(loaded_pair, tmp_path):
 
 
 def test_the_products_time_follows_each_forward_rows():
-    """A verify of d drafts multiplies d + 1 rows: its products' time is the one measured at that many rows, or on
-    the line through one row and the most measured; nothing where none was measured."""
-    from specview.profiling.roofline import products_at
+    """A verify of d drafts multiplies d + 1 rows (a tree: its nodes + 1): its products' time is the one measured at
+    that many rows, or between the nearest measured counts of two rows or more (one row runs another kernel);
+    nothing past the most rows measured, and no mean where few forwards have a figure."""
+    from specview.profiling.roofline import products_at, verify_rows
 
-    products = {1: 2.0, 5: 6.0}
-    assert products_at(products, 5) == 6.0 and products_at(products, 3) == 4.0 and products_at(products, 1) == 2.0
-    assert products_at({}, 3) is None and products_at({1: 2.0}, 3) is None and products_at({5: 6.0}, 3) is None
+    products = {1: 2.0, 2: 5.0, 5: 8.0}
+    assert [products_at(products, r) for r in (1, 2, 3, 4, 5)] == [2.0, 5.0, 6.0, 7.0, 8.0]
+    assert products_at(products, 6) is None and products_at({1: 2.0, 5: 6.0}, 3) is None and products_at({}, 1) is None
+    assert verify_rows(3) == 4 and verify_rows(2, {"tokens": [1, 2, 3, 4, 5, 6], "path": [0, 1]}) == 7
     info = {"bandwidth_gbs": 2.0, "prompt_len": 4, "target": {"weights": 100, "kv_per_token": 0,
-                                                              "products_ms": {"1": 2.0, "5": 6.0}},
+                                                              "products_ms": {"1": 2.0, "2": 5.0, "5": 8.0}},
             "drafters": {"d": {"weights": 50, "kv_per_token": 0, "products_ms": {"1": 0.5}}}}
     steps = [_step(0, 4, 4, 5, 9.0, 2.0), _step(0, 2, 0, 1, 9.0, 1.0)]  # a verify of 5 rows, one of 3
     out = roofline_summary(steps, info)
-    assert out["target"]["products_ms"] == pytest.approx((6.0 + 4.0) / 2)
+    assert out["target"]["products_ms"] == pytest.approx((8.0 + 6.0) / 2)
     assert out["draft"]["products_ms"] == pytest.approx(0.5)
+    tree = {**_step(0, 2, 2, 3, 9.0, 2.0), "tree": {"tokens": [1, 2, 3, 4], "parents": [-1, 0, -1, 2], "path": [0, 1]}}
+    assert roofline_summary([tree], info)["target"]["products_ms"] == pytest.approx(8.0)  # 4 nodes: 5 rows
     untimed = roofline_summary(steps, {**info, "target": {"weights": 100, "kv_per_token": 0}})
     assert untimed["target"]["products_ms"] is None
+    past = roofline_summary([_step(0, 4, 4, 5, 9.0, 2.0)] + [_step(0, 7, 0, 1, 9.0, 1.0)] * 2, info)
+    assert past["target"]["products_ms"] is None  # two of three verifies past the rows measured
 
 
 @pytest.mark.parametrize("junk", [{"x": 1.0}, {"0": 1.0}, {"-1": 1.0}, {"²": 1.0}, {"1": True}, {"1": -2.0},

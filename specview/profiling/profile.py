@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from specview.metrics import Counts, cost_model, ratio
 from specview.phases import FORWARD_PHASES, PHASE_KEYS
-from specview.profiling.roofline import roofline_summary
+from specview.profiling.roofline import roofline_summary, verify_rows
 
 # What each phase contains: the report prints this, so a number always comes with its meaning.
 PHASE_HELP = {
@@ -72,7 +72,7 @@ def tree_summary(steps: list[dict]) -> dict:
         return {}
     by_rows: dict[int, list[float]] = {}
     for s in steps:
-        rows = len(s["tree"]["tokens"]) + 1 if s in trees else len(s.get("drafted") or []) + 1
+        rows = verify_rows(len(s.get("drafted") or []), s.get("tree"))
         verify = (s.get("phases_ms") or {}).get("verify")
         if isinstance(verify, (int, float)):
             by_rows.setdefault(rows, []).append(verify)

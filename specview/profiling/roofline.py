@@ -184,7 +184,7 @@ def session_roofline(session, bandwidth: dict | None = None, drafters: bool = Tr
     bw = bandwidth or measure_bandwidth(session.device)
 
     def figures(model, rows: tuple[int, ...]) -> dict:
-        products = products_ms(model, rows)
+        products = products_ms(model, tuple(r for r in rows if r <= MAX_PRODUCT_ROWS))
         return {**model_bytes(model), **({"products_ms": products} if products else {})}
 
     per_drafter = {}
@@ -192,7 +192,7 @@ def session_roofline(session, bandwidth: dict | None = None, drafters: bool = Tr
         lm = getattr(d, "lm", None)
         per_drafter[d.spec] = figures(lm.model, (1,)) if lm is not None else {"weights": 0, "kv_per_token": 0}
     return {"bandwidth_gbs": bw["gbs"], "probe": bw["method"],
-            "target": figures(session.target.model, (1, session.settings.k + 1)),
+            "target": figures(session.target.model, (1, 2, session.settings.k + 1)),
             "drafters": per_drafter, "prompt_len": len(session.prompt_ids)}
 
 
@@ -204,9 +204,21 @@ def floor_ms(nbytes: float, bandwidth_gbs: float) -> float:
     return nbytes / (bandwidth_gbs * 1e9) * 1000
 
 
+MAX_PRODUCT_ROWS = 64  # products are timed up to this many rows (-K is unbounded; a verify past it gets no figure)
+
+
+def verify_rows(drafted: int, tree: dict | None = None) -> int:
+    """The rows of a step's target forward: the drafts + 1, or for a token tree its nodes + 1 (its `drafted` holds
+    only the path tried)."""
+    if isinstance(tree, dict) and isinstance(tree.get("tokens"), list):
+        return len(tree["tokens"]) + 1
+    return drafted + 1
+
+
 class ForwardTally:
     """Forwards of one model: how many, the KV tokens they read (summed), their measured time (summed), and the
-    time their matrix products alone take (summed, from `products`: {str(rows): ms}, kernels.products_ms)."""
+    time their matrix products alone take (summed over the forwards that have a figure, from `products`: {rows (an
+    int): ms}, tally_arguments of kernels.products_ms' figures)."""
 
     def __init__(self, weights: int, kv_per_token: int, products: dict | None = None):
         self.weights, self.kv_per_token = weights, kv_per_token
@@ -215,6 +227,8 @@ class ForwardTally:
         self.kv_tokens = 0
         self.ms = 0.0
         self.products_ms = 0.0
+        self.products_ms_of = 0.0  # the measured ms of the forwards that have a products figure, summed
+        self.timed = 0  # forwards with a products figure
 
     def add(self, forwards: int, first_position: int, ms: float, rows: int = 1) -> None:
         """`forwards` one after the other from a cache of `first_position` tokens, each one token longer, each of
@@ -222,7 +236,11 @@ class ForwardTally:
         self.forwards += forwards
         self.kv_tokens += forwards * first_position + forwards * (forwards - 1) // 2
         self.ms += ms
-        self.products_ms += forwards * (products_at(self.products, rows) or 0.0)
+        products = products_at(self.products, rows)
+        if products is not None:
+            self.products_ms += forwards * products
+            self.products_ms_of += ms
+            self.timed += forwards
 
     def figures(self, bandwidth_gbs: float | None) -> dict:
         """Per forward, averaged: bytes, floor_ms, ms, share = floor / ms, above_ms = ms - floor, and
@@ -235,18 +253,31 @@ class ForwardTally:
         return {"bytes": nbytes, "weight_bytes": self.weights, "kv_bytes": kv, "floor_ms": floor, "ms": ms,
                 "share": floor / ms if floor is not None and ms else None,
                 "above_ms": ms - floor if floor is not None and ms is not None else None, "forwards": n,
-                "products_ms": self.products_ms / n if n and self.products else None}
+                **self._products(n)}
+
+    def _products(self, n: int) -> dict:
+        """products_ms per forward, where (nearly) every forward has a figure: a mean over a few would be set
+        beside the mean of all."""
+        if not n or self.timed < COVERED * n:
+            return {"products_ms": None}
+        return {"products_ms": self.products_ms / self.timed}
+
+
+COVERED = 0.9  # the share of forwards with a products figure for the mean to stand for all
 
 
 def products_at(products: dict[int, float], rows: int) -> float | None:
-    """The products' time at `rows` rows: measured, or on the line through one row and the most rows measured
-    (a verify of fewer drafts than K: cost grows about linearly with rows where the kernels bound it)."""
-    if rows in products or not products:
-        return products.get(rows)
-    if 1 not in products or len(products) < 2:
+    """The products' time at `rows` rows: measured, or between the two nearest row counts measured of at least
+    two rows (one row often runs another kernel); None past the most rows measured or below the fewest. A verify
+    of fewer drafts than K (n-gram, a policy, EOS) falls between 2 and K + 1 rows, which are measured."""
+    if rows in products:
+        return products[rows]
+    below = [r for r in products if 2 <= r < rows]
+    above = [r for r in products if r > rows]
+    if not below or not above:
         return None
-    most = max(products)
-    return products[1] + (products[most] - products[1]) * (rows - 1) / (most - 1)
+    lo, hi = max(below), min(above)
+    return products[lo] + (products[hi] - products[lo]) * (rows - lo) / (hi - lo)
 
 
 def roofline_summary(steps: list[dict], info: dict | None) -> dict | None:
@@ -256,8 +287,8 @@ def roofline_summary(steps: list[dict], info: dict | None) -> dict | None:
     if not info or not info.get("target"):
         return None
     bw = info.get("bandwidth_gbs")
-    target = ForwardTally(**_bytes(info["target"]))
-    drafters = {spec: ForwardTally(**_bytes(b)) for spec, b in (info.get("drafters") or {}).items()}
+    target = ForwardTally(**tally_arguments(info["target"]))
+    drafters = {spec: ForwardTally(**tally_arguments(b)) for spec, b in (info.get("drafters") or {}).items()}
     first = next(iter(drafters), None)
     tokens: dict = {}  # run -> tokens so far, for records without `position` (older profiles)
     for s in steps:
@@ -266,7 +297,7 @@ def roofline_summary(steps: list[dict], info: dict | None) -> dict | None:
         tokens[s.get("run")] = position + len(s.get("emitted") or [])
         phases = s.get("phases_ms") or {}
         drafted = len(s.get("drafted") or [])
-        target.add(1, position, phases.get("verify") or 0.0, rows=drafted + 1)
+        target.add(1, position, phases.get("verify") or 0.0, rows=verify_rows(drafted, s.get("tree")))
         tally = drafters.get(s.get("drafter") or first)
         if drafted and tally is not None and tally.weights:
             tally.add(drafted, position, phases.get("draft") or 0.0)
@@ -277,7 +308,7 @@ def roofline_summary(steps: list[dict], info: dict | None) -> dict | None:
     return out
 
 
-def _bytes(b: dict) -> dict:
+def tally_arguments(b: dict) -> dict:
     """ForwardTally's arguments from one model's figures in meta.roofline (a damaged or older file: what is valid)."""
     products = b.get("products_ms") if isinstance(b.get("products_ms"), dict) else {}
     products = {ascii_int(str(r), 6): ms for r, ms in products.items()

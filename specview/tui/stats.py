@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from specview.diagnosis import Figures
 from specview.events import StepResult
 from specview.metrics import CostModel, Counts, cost_model, estimated_speedup, ratio
-from specview.profiling.roofline import ForwardTally
+from specview.profiling.roofline import ForwardTally, tally_arguments, verify_rows
 
 RECENT = 20  # steps in the "last 20" acceptance rate
 
@@ -31,7 +31,7 @@ class LiveStats:
         draft = (roof.get("drafters") or {}).get(self.drafter)
         for role, figure in (("target", roof.get("target")), ("draft", draft)):
             if figure:
-                self.tallies[role] = ForwardTally(figure["weights"], figure["kv_per_token"])
+                self.tallies[role] = ForwardTally(**tally_arguments(figure))
 
     # Per position i+1 (up to the largest K asked): steps that asked for K > i but did not draft position
     # i+1 (a policy's budget, a p-min cut, no n-gram match): not drafted, so neither accepted nor rejected.
@@ -49,7 +49,8 @@ class LiveStats:
             for i in range(len(s.drafted), s.k):
                 self.undrafted[i] += 1
         if self.tallies:  # two multiply-adds a step: the floors of its forwards
-            self.tallies["target"].add(1, s.position, s.phases_ms.get("verify", 0.0))
+            self.tallies["target"].add(1, s.position, s.phases_ms.get("verify", 0.0),
+                                       rows=verify_rows(len(s.drafted), s.tree))
             if s.drafted and "draft" in self.tallies and self.tallies["draft"].weights:
                 self.tallies["draft"].add(len(s.drafted), s.position, s.phases_ms.get("draft", 0.0))
         for model, ms in s.layernorm_ms.items():  # {"draft": .., "verify": ..}
