@@ -144,7 +144,7 @@ def _above_floor(fig: dict, bandwidth_gbs: float) -> str:
     """What the time above the floor is spent on: the matrix products' kernels (where their time alone was
     measured, kernels.products_ms) or the operators between them."""
     products, weights = fig.get("products_ms"), fig.get("weight_bytes")
-    if not _positive(products) or not _positive(weights):
+    if not machine.positive_number(products) or not machine.positive_number(weights):
         return "(time not spent reading memory: the small operators between the matmuls, dispatch, Python)."
     rest = fig["ms"] - products
     rest = f"; the rest, {rest:.1f} ms, is the operators between them, dispatch, Python" if rest >= 0.05 else ""
@@ -154,10 +154,6 @@ def _above_floor(fig: dict, bandwidth_gbs: float) -> str:
     if products >= KERNEL_BOUND * fig["ms"] and rate < SLOW_KERNELS * bandwidth_gbs:
         return f"({timed}: on this CPU those kernels, not memory, bound this forward{rest})."
     return f"({timed}{rest})."
-
-
-def _positive(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
 
 
 def candidates(f: Figures) -> list[tuple[float, str]]:

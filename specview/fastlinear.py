@@ -101,7 +101,7 @@ def probe_seconds(dtype: torch.dtype, shape: tuple[int, int]) -> dict[str, float
            f"/{PASSES}")
     cached = machine.read_cached(CHOICE_FILE)
     entry = cached.get(key)
-    if isinstance(entry, dict) and all(machine.a_time(entry.get(f"{name}_s")) for name in PASS_NAMES):
+    if isinstance(entry, dict) and all(machine.positive_number(entry.get(f"{name}_s")) for name in PASS_NAMES):
         return {name: entry[f"{name}_s"] for name in PASS_NAMES}
     seconds = _probe(dtype, shape)
     cached[key] = {**{f"{name}_s": s for name, s in seconds.items()}, "packed": packs(seconds),

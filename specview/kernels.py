@@ -233,7 +233,7 @@ def products_ms(model, rows: tuple[int, ...]) -> dict[str, float] | None:
     key = f"{_key(model, 'products')}/{hashlib.sha256(pieces.encode()).hexdigest()[:16]}"
     cached = machine.read_cached(CHOICE_FILE)
     entry = cached.get(key) if isinstance(cached.get(key), dict) else {}
-    missing = [r for r in rows if not machine.a_time(entry.get(str(r)))]
+    missing = [r for r in rows if not machine.positive_number(entry.get(str(r)))]
     if missing:
         try:
             measured = {str(r): _time_products(runner, r) for r in missing}
@@ -256,8 +256,10 @@ def _time_products(runner, rows: int, repeats: int = 3) -> float:
     calls = []
     for w in runner.products():
         features = w[2].shape[0] * w[3] if w[0] == "int4" else w[1].shape[1]
-        x = inputs.setdefault(features, torch.randn(rows, features, dtype=runner.dtype))
-        calls.append((compiled if compiled is not None and w[0] == "dense" else fastdecode.linear, x, w))
+        if features not in inputs:
+            inputs[features] = torch.randn(rows, features, dtype=runner.dtype)
+        product = compiled if compiled is not None and w[0] == "dense" else fastdecode.linear
+        calls.append((product, inputs[features], w))
     best = float("inf")
     with torch.inference_mode():
         for _ in range(repeats + 1):  # the first pass compiles and warms up

@@ -69,10 +69,10 @@ def read_cached(name: str) -> dict:
         return {}  # missing or damaged: measure again
 
 
-def a_time(value) -> bool:
-    """A time read back from a cache file is used only if it is one: a float, finite and above zero (a 0 would
-    divide a rule by zero, a NaN would stop a profile from being written)."""
-    return isinstance(value, float) and 0 < value < float("inf")
+def positive_number(value) -> bool:
+    """A figure read back from a file (a time, a size) is used only if it is a number, finite and above zero: a 0
+    would divide a rule by zero, a NaN would stop a profile from being written, a string or a bool is damage."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
 
 
 def store_cached(name: str, data: dict) -> None:

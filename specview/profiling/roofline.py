@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 
-from specview.machine import host_key, read_cached, store_cached
+from specview.machine import host_key, positive_number, read_cached, store_cached
 from specview.text import ascii_int
 
 PROBE_BYTES = 256 * 2**20  # the streamed tensor: far past any CPU cache, ~10 ms to read
@@ -227,7 +227,6 @@ class ForwardTally:
         self.kv_tokens = 0
         self.ms = 0.0
         self.products_ms = 0.0
-        self.products_ms_of = 0.0  # the measured ms of the forwards that have a products figure, summed
         self.timed = 0  # forwards with a products figure
 
     def add(self, forwards: int, first_position: int, ms: float, rows: int = 1) -> None:
@@ -239,7 +238,6 @@ class ForwardTally:
         products = products_at(self.products, rows)
         if products is not None:
             self.products_ms += forwards * products
-            self.products_ms_of += ms
             self.timed += forwards
 
     def figures(self, bandwidth_gbs: float | None) -> dict:
@@ -311,8 +309,7 @@ def roofline_summary(steps: list[dict], info: dict | None) -> dict | None:
 def tally_arguments(b: dict) -> dict:
     """ForwardTally's arguments from one model's figures in meta.roofline (a damaged or older file: what is valid)."""
     products = b.get("products_ms") if isinstance(b.get("products_ms"), dict) else {}
-    products = {ascii_int(str(r), 6): ms for r, ms in products.items()
-                if isinstance(ms, (int, float)) and not isinstance(ms, bool) and 0 <= ms < float("inf")}
+    products = {ascii_int(str(r), 6): ms for r, ms in products.items() if positive_number(ms)}
     products = {r: ms for r, ms in products.items() if r}  # rows read back as a count of at least one
     return {"weights": int(b.get("weights") or 0), "kv_per_token": int(b.get("kv_per_token") or 0),
             "products": products or None}
