@@ -17,8 +17,8 @@ each function into a few C++ kernels; the same two compiled functions serve all 
 are arguments), so a 30-layer model compiles two small graphs, not one long one, and the compiled
 functions are kept on disk (compiler.py). Each function is compiled twice: for one row (a token) and
 for several (a verify, a prefill: one graph whose row count is symbolic). Several rows multiply by
-oneDNN's packed weights through fastlinear.packed_linear, an operator the graph calls as it is; the
-norms, rotary and activations around it fuse (a 5-row verify of SmolLM2-135M: 49 against 55 ms
+packed weights (oneDNN's or MLAS's: fastlinear.product), operators the graph calls as they are; the
+norms, rotary and activations around them fuse (a 5-row verify of SmolLM2-135M: 49 against 55 ms
 eager, 1 thread, AVX-512 EPYC).
 
 A matrix product of one row can run as a multiply-and-sum reduction that inductor writes as one
@@ -38,7 +38,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from specview.fastlinear import packed_linear
+from specview.fastlinear import kernel_of, product
 
 FAMILIES = ("llama", "mistral", "qwen2")
 INITIAL_CAPACITY = 256  # cache positions allocated first; doubled when a run needs more
@@ -102,8 +102,9 @@ class StaticKV:
 def linear(x: torch.Tensor, w, gemv: str) -> torch.Tensor:
     """x [rows, in] times a weight: ('dense', W [out, in], W packed for oneDNN | None, bias | None) or
     ('int4', packed, scales_and_zeros, group, bias | None). `gemv` is the kernel for one row: 'reduce' (a
-    multiply-and-sum that inductor vectorizes), 'packed' (oneDNN on the packed copy) or 'mm' (F.linear);
-    several rows take the packed copy when there is one (fastlinear's probe decided), else F.linear."""
+    multiply-and-sum that inductor vectorizes), 'packed' (the packed copy) or 'mm' (F.linear); several rows
+    take the packed copy when there is one, else F.linear. A packed copy is oneDNN's or MLAS's, whichever
+    fastlinear's probe found faster for this shape; its product runs the kernel that packed it."""
     if w[0] == "int4":
         # torch's int4 kernel in every case: written as torch ops (unpack, scale, multiply, sum), inductor's
         # one-row loop over 4-bit codes ran 2-4x slower than the kernel (AVX-512 EPYC, torch 2.13).
@@ -114,7 +115,7 @@ def linear(x: torch.Tensor, w, gemv: str) -> torch.Tensor:
     if x.shape[0] == 1 and gemv == "reduce":
         y = (x.unsqueeze(-2) * weight).sum(-1)
     elif packed is not None and (x.shape[0] > 1 or gemv == "packed"):
-        return packed_linear(x, packed, bias, weight.shape[0])
+        return product(x, packed, bias, weight.shape[0])
     else:
         return F.linear(x, weight, bias)
     return y if bias is None else y + bias
@@ -248,8 +249,8 @@ class FastForward:
                 shape, dtype, one_row, rows = [w[1].shape[0], w[2].shape[0] * w[3]], "int4", "int4", "int4"
             else:
                 shape, dtype = list(w[1].shape), str(w[1].dtype).removeprefix("torch.")
-                one_row = self.gemv if self.compiled else ("packed" if w[2] is not None else "mm")
-                rows = "packed" if w[2] is not None else "mm"
+                rows = {"stock": "mm"}.get(kernel_of(w[2]), kernel_of(w[2]))  # mm, packed (oneDNN) or mlas
+                one_row = rows if not self.compiled or self.gemv == "packed" else self.gemv
             out[name] = {"shape": shape, "dtype": dtype, "one_row": one_row, "rows": rows,
                          "fused": group[0] == "fused" and name in ("qkv", "gate_up")}
         return out
@@ -319,8 +320,8 @@ def _weight(module, one_row: bool = True):
 def _dense(weight: torch.Tensor, bias, one_row: bool = True):
     from specview import fastlinear
 
-    packed = fastlinear.pack(weight) if fastlinear.wanted(weight.dtype, tuple(weight.shape), one_row) else None
-    return ("dense", weight, packed, bias)
+    kernel = fastlinear.kernel_for(weight.dtype, tuple(weight.shape), one_row)
+    return ("dense", weight, None if kernel == "stock" else fastlinear.pack(weight, kernel), bias)
 
 
 def _fuse(*modules, one_row: bool = True):

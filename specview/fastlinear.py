@@ -13,6 +13,12 @@ rows (a prefill of 8 to 512 tokens runs about 2x faster too). Measured on a 2-co
     bfloat16  13.3 ms  13.7 ms  13.9 ms   F.linear
                6.7 ms   6.9 ms   7.1 ms   packed
 
+On a CPU without AVX-512 oneDNN's packed product is far from that: on an AVX2 EPYC (Zen 3) it ran 5 rows at
+17-24 GFLOP/s. There MLAS, onnxruntime's kernel library (mlas.py), runs them at 50-70 on a copy it packs
+itself: 5 rows through all 210 matrices and the head in 28-30 ms against 52 for oneDNN, one thread. Which
+of F.linear ('stock'), oneDNN ('packed') and MLAS ('mlas') runs each weight shape is measured per machine
+(`chosen`).
+
 The result is the same product up to float summation order (~1e-6 relative in float32), as with
 any change of kernel. The packed copy costs memory: one more copy of each model's linear weights.
 
@@ -36,7 +42,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from specview import machine
+from specview import machine, mlas
 
 MAX_ROWS = 1024  # packed wins at every size measured (1 to 512 rows: prefill too, ~2x); beyond, torch's path
 PACK_ROWS = 5  # the row count oneDNN picks its weight layout for (flat from 1 to 8 rows)
@@ -82,52 +88,72 @@ def _trial(dtype: torch.dtype) -> bool:
 CHOICE_FILE = "fastlinear.json"
 PROBE_BYTES = 64 * 2**20  # weights cycled through per probe pass: past the CPU's caches, like a forward's
 PROBE_MATRICES = 64  # ...but no more matrices than this (a tiny model's shape would need thousands)
+# The kernels a product can run: F.linear, oneDNN on a packed copy, MLAS (onnxruntime) on its own packed copy
+KERNELS = ("stock", "packed", "mlas")
 
 
-def faster(dtype: torch.dtype, shape: tuple[int, int] = (2048, 2048), one_row: bool = True) -> bool:
-    """Is the packed product faster than F.linear here, for this dtype and weight shape? Not on every CPU:
-    on a 2-vCPU Xeon with AMX a SmolLM2 forward ran 1.2x slower packed in float32, where on an AVX-512
-    EPYC it runs 1.3x (one token) to 2x (a 5-token verify) faster. `one_row=False`: for a forward whose
-    one-row products run another kernel (fastdecode's compiled one), so only a verify's rows count."""
-    return packs(probe_seconds(dtype, shape), one_row)
+def candidates(dtype: torch.dtype) -> tuple[str, ...]:
+    """The kernels that can run a product of this dtype here (stock always)."""
+    return ("stock",) + (("packed",) if supported(dtype) else ()) + (
+        ("mlas",) if dtype == torch.float32 and mlas.available() else ())
+
+
+def chosen(dtype: torch.dtype, shape: tuple[int, int] = (2048, 2048), one_row: bool = True) -> str:
+    """Which kernel runs this dtype and weight shape fastest here: not the same on every CPU. On a 2-vCPU Xeon
+    with AMX a SmolLM2 forward ran 1.2x slower packed in float32, where on an AVX-512 EPYC it runs 1.3x (one
+    token) to 2x (a 5-token verify) faster; on an AVX2 EPYC MLAS runs a 5-row verify's products in 0.55x
+    oneDNN's time. `one_row=False`: for a forward whose one-row products run another kernel (fastdecode's
+    compiled one), so only a verify's rows count."""
+    return choose(probe_seconds(dtype, shape), one_row)
 
 
 @functools.cache
 def probe_seconds(dtype: torch.dtype, shape: tuple[int, int]) -> dict[str, float]:
-    """_probe's figures, measured once per machine, torch, dtype, shape and thread count and kept in the cache
-    folder (machine.py): every process on the machine then times the same kernels (two that each measured
-    could choose differently under load)."""
+    """_probe's figures, measured once per machine, torch, dtype, shape, thread count and set of kernels, and kept
+    in the cache folder (machine.py): every process on the machine then times the same kernels (two that each
+    measured could choose differently under load)."""
+    kernels = candidates(dtype)
     key = (f"{machine.host_key()}/torch {torch.__version__}/{dtype}/{shape[0]}x{shape[1]}/threads={torch.get_num_threads()}"
-           f"/{PASSES}")
+           f"/{PASSES}/{'+'.join(kernels)}")
+    names = [f"{kernel}_{rows}" for kernel in kernels for rows in ("one", "rows")]
     cached = machine.read_cached(CHOICE_FILE)
     entry = cached.get(key)
-    if isinstance(entry, dict) and all(machine.positive_number(entry.get(f"{name}_s")) for name in PASS_NAMES):
-        return {name: entry[f"{name}_s"] for name in PASS_NAMES}
-    seconds = _probe(dtype, shape)
-    cached[key] = {**{f"{name}_s": s for name, s in seconds.items()}, "packed": packs(seconds),
-                   "packed_for_rows": packs(seconds, one_row=False), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if isinstance(entry, dict) and all(machine.positive_number(entry.get(f"{name}_s")) for name in names):
+        return {name: entry[f"{name}_s"] for name in names}
+    seconds = _probe(dtype, shape, kernels)
+    cached[key] = {**{f"{name}_s": s for name, s in seconds.items()}, "kernel": choose(seconds),
+                   "kernel_for_rows": choose(seconds, one_row=False), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     machine.store_cached(CHOICE_FILE, cached)
     return seconds
 
 
 PASSES = "one+rows"  # in the cache key: entries of an earlier probe (one summed pass) are measured again
-PASS_NAMES = ("stock_one", "stock_rows", "packed_one", "packed_rows")
 
 
-def packs(seconds: dict, one_row: bool = True) -> bool:
-    """The rule on _probe's figures. For a forward that runs both passes with these kernels (one row: a drafting
-    or decoding step; PACK_ROWS rows: a verify), pack when the packed product clearly wins one pass and does not
-    lose the other beyond the noise; with `one_row=False`, when it clearly wins the rows. Summing the two passes
-    hid a verify's gain: on an AVX2 EPYC the packed 576x1536 product took 0.86x the stock time at 5 rows and 1.24x
-    at one, and the compiled forward's verify, whose one row runs another kernel, kept F.linear."""
-    one = seconds["packed_one"] / seconds["stock_one"]
-    rows = seconds["packed_rows"] / seconds["stock_rows"]
+def choose(seconds: dict, one_row: bool = True) -> str:
+    """The rule on _probe's figures: each kernel in KERNELS' order replaces the one chosen so far where it `beats`
+    it (so a tie keeps the earlier, stock first)."""
+    best = "stock"
+    for kernel in KERNELS[1:]:
+        if f"{kernel}_one" in seconds and beats(seconds, kernel, best, one_row):
+            best = kernel
+    return best
+
+
+def beats(seconds: dict, kernel: str, other: str, one_row: bool = True) -> bool:
+    """For a forward that runs both passes with these kernels (one row: a drafting or decoding step; PACK_ROWS
+    rows: a verify), `kernel` beats `other` when it clearly wins one pass and does not lose the other beyond the
+    noise; with `one_row=False`, when it clearly wins the rows. Summing the two passes hid a verify's gain: on an
+    AVX2 EPYC the packed 576x1536 product took 0.86x the stock time at 5 rows and 1.24x at one, and the compiled
+    forward's verify, whose one row runs another kernel, kept F.linear."""
+    one = seconds[f"{kernel}_one"] / seconds[f"{other}_one"]
+    rows = seconds[f"{kernel}_rows"] / seconds[f"{other}_rows"]
     if not one_row:
         return rows < CLEAR_GAIN
     return min(one, rows) < CLEAR_GAIN and max(one, rows) < NOISE
 
 
-CLEAR_GAIN = 0.9  # a pass under 0.9x the stock time is a clear win
+CLEAR_GAIN = 0.9  # a pass under 0.9x the other's time is a clear win
 NOISE = 1.03  # the other pass may be this much slower (best-of-5 timings on a shared machine differ by this much)
 
 
@@ -138,28 +164,31 @@ def probe_matrices(dtype: torch.dtype, shape: tuple[int, int]) -> int:
     return min(PROBE_MATRICES, max(2, PROBE_BYTES // (shape[0] * shape[1] * torch.finfo(dtype).bits // 8)))
 
 
-def _probe(dtype: torch.dtype, shape: tuple[int, int], repeats: int = 5) -> dict[str, float]:
+def _probe(dtype: torch.dtype, shape: tuple[int, int], kernels: tuple[str, ...] = ("stock", "packed"),
+           repeats: int = 5) -> dict[str, float]:
     """Seconds for one pass of 1-row and of PACK_ROWS-row products over enough distinct weights of this shape to
-    stream them from memory (one hot matrix sits in cache and favours F.linear, which a forward never sees),
-    stock and packed, interleaved, the best of `repeats` each (noise only adds; ~0.3 s):
-    {"stock_one", "stock_rows", "packed_one", "packed_rows"}."""
+    stream them from memory (one hot matrix sits in cache and favours F.linear, which a forward never sees), with
+    each of `kernels`, interleaved, the best of `repeats` each (noise only adds; ~0.3 s a kernel):
+    {"stock_one", "stock_rows", "packed_one", ...}."""
     weights = [torch.randn(*shape, dtype=dtype) for _ in range(probe_matrices(dtype, shape))]
-    packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for w in weights]
+    copies = {kernel: [pack(w, kernel) for w in weights] for kernel in kernels if kernel != "stock"}
     inputs = {"one": torch.randn(1, shape[1], dtype=dtype), "rows": torch.randn(PACK_ROWS, shape[1], dtype=dtype)}
 
     def stock_pass(x):
         for w in weights:
             F.linear(x, w)
 
-    def packed_pass(x):
-        for w in packed:
-            torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+    def pass_of(kernel):
+        def run(x):
+            for packed in copies[kernel]:
+                product(x, packed, None, shape[0])
+        return run
 
-    passes = {f"{kind}_{rows}": (run, x) for kind, run in (("stock", stock_pass), ("packed", packed_pass))
-              for rows, x in inputs.items()}
+    passes = {f"{kernel}_{rows}": (stock_pass if kernel == "stock" else pass_of(kernel), x)
+              for kernel in kernels for rows, x in inputs.items()}
     best = dict.fromkeys(passes, float("inf"))
     with torch.inference_mode():
-        for run, x in passes.values():  # warm-up: page faults, oneDNN's kernel selection
+        for run, x in passes.values():  # warm-up: page faults, the libraries' kernel selection
             run(x)
         for _ in range(repeats):
             for name, (run, x) in passes.items():
@@ -169,13 +198,21 @@ def _probe(dtype: torch.dtype, shape: tuple[int, int], repeats: int = 5) -> dict
     return best
 
 
-def wanted(dtype: torch.dtype, shape: tuple[int, int], one_row: bool = True) -> bool:
-    """SPECVIEW_FASTLINEAR: 0 = never (stock kernels, to compare), 1 = always, auto (default) = where
-    `faster` measures a gain (`one_row`: as there)."""
+def kernel_for(dtype: torch.dtype, shape: tuple[int, int], one_row: bool = True) -> str:
+    """SPECVIEW_FASTLINEAR: 0 = stock kernels (to compare), 1 = oneDNN's packed product, mlas = MLAS's (each
+    where it runs, else stock), auto (default) = what `chosen` measures fastest (`one_row`: as there)."""
     mode = os.environ.get("SPECVIEW_FASTLINEAR", "auto")
-    if mode == "0" or not supported(dtype):
-        return False
-    return mode == "1" or faster(dtype, shape, one_row)
+    here = candidates(dtype)
+    if mode == "0":
+        return "stock"
+    if mode in ("1", "mlas"):
+        kernel = "packed" if mode == "1" else "mlas"
+        return kernel if kernel in here else "stock"
+    return chosen(dtype, shape, one_row) if len(here) > 1 else "stock"
+
+
+def wanted(dtype: torch.dtype, shape: tuple[int, int], one_row: bool = True) -> bool:
+    return kernel_for(dtype, shape, one_row) != "stock"
 
 
 def install(model: torch.nn.Module, pack: bool = True) -> None:
@@ -207,10 +244,25 @@ def uninstall(model: torch.nn.Module) -> None:
     drop_packs(model)  # only modules given the forward were ever packed
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """The weight reordered once into oneDNN's blocked layout for thin products."""
+def pack(weight: torch.Tensor, kernel: str = "packed") -> torch.Tensor:
+    """The weight's copy for `kernel`: reordered once into oneDNN's blocked layout for thin products ("packed"), or
+    the handle of MLAS's session, which packs it in its own ("mlas", mlas.py)."""
+    if kernel == "mlas":
+        return mlas.pack(weight.detach())
     with torch.no_grad():
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+
+
+def product(x: torch.Tensor, packed: torch.Tensor, bias, out_features: int) -> torch.Tensor:
+    """x [rows, in] times a weight's `pack`ed copy, with the kernel that packed it (in a compiled graph too)."""
+    if mlas.is_handle(packed):
+        return mlas.mlas_linear(x, packed, bias, out_features)
+    return packed_linear(x, packed, bias, out_features)
+
+
+def kernel_of(packed) -> str:
+    """'mlas', 'packed' or 'stock' (no copy): what runs a product on this copy, for --verbose and profiles."""
+    return "stock" if packed is None else "mlas" if mlas.is_handle(packed) else "packed"
 
 
 # x [rows, in] times a weight `pack`ed for oneDNN, as an operator a compiled graph can call. Inductor cannot
@@ -239,13 +291,13 @@ def _(x, packed, bias, out_features):
 packed_linear = torch.ops.specview.packed_linear
 
 
-def _packed_weight(module: torch.nn.Linear) -> torch.Tensor:
+def _packed_weight(module: torch.nn.Linear) -> torch.Tensor | None:
     weight = module.weight
     key = (weight.data_ptr(), weight.dtype, weight._version)
     cached = _packed.get(module)
     if cached is None or cached[0] != key:
-        with torch.no_grad():
-            cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS))
+        kernel = kernel_for(weight.dtype, tuple(weight.shape))
+        cached = (key, None if kernel == "stock" else pack(weight, kernel))
         _packed[module] = cached
     return cached[1]
 
@@ -254,8 +306,10 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     w = self.weight
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if (not _active or not 0 < rows <= MAX_ROWS or x.dtype != w.dtype or w.device.type != "cpu"
-            or not supported(w.dtype) or w.requires_grad and torch.is_grad_enabled()):
+            or w.requires_grad and torch.is_grad_enabled()):
         return F.linear(x, w, self.bias)
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), _packed_weight(self), self.bias,
-                                           "none", [], "")
+    packed = _packed_weight(self)
+    if packed is None:
+        return F.linear(x, w, self.bias)
+    y = product(x.reshape(rows, x.shape[-1]), packed, self.bias, w.shape[0])
     return y.view(*x.shape[:-1], y.shape[-1])

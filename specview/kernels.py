@@ -11,7 +11,8 @@
 Per piece (each distinct weight matrix of the fast forward: the fused q/k/v, o, the fused gate/up, down,
 the head; the embedding is a lookup), the one-row product runs as a compiled multiply-and-sum
 ('reduce'), a compiled F.linear ('mm') or torch's int4 kernel ('int4'); several rows run oneDNN on a
-packed copy ('packed', where fastlinear's probe finds it faster), F.linear ('mm') or 'int4'. Only
+packed copy ('packed') or MLAS on its own ('mlas'), where fastlinear's probe finds them faster, else F.linear
+('mm'), or 'int4'. Only
 kernels that compute the same product up to float summation order are chosen automatically: an
 `@int4` model keeps its codes, a float32 one its float32 weights.
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not fastlinear.supported(torch.float32), reason=
 
 @pytest.fixture(autouse=True)
 def packed_even_where_slower(monkeypatch):
-    """These tests check the packed product itself: use it whatever `faster` measured on this CPU."""
+    """These tests check the packed product itself: use it whatever `chosen` measured on this CPU."""
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")
 
 
@@ -100,7 +100,8 @@ def test_environment_switch_turns_it_off(monkeypatch):
 
 def test_auto_packs_only_the_dtypes_measured_faster(monkeypatch):
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "auto")
-    monkeypatch.setattr(fastlinear, "faster", lambda dtype, shape, one_row=True: dtype == torch.bfloat16)
+    monkeypatch.setattr(fastlinear, "chosen",
+                        lambda dtype, shape, one_row=True: "packed" if dtype == torch.bfloat16 else "stock")
     f32, bf16 = _linear(torch.float32), _linear(torch.bfloat16)
     fastlinear.install(f32)
     fastlinear.install(bf16)
@@ -111,7 +112,8 @@ def test_auto_packs_only_the_dtypes_measured_faster(monkeypatch):
 def test_each_shape_gets_its_own_choice(monkeypatch):
     """A projection and a head of the same dtype can go either way on a CPU: judged per shape."""
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "auto")
-    monkeypatch.setattr(fastlinear, "faster", lambda dtype, shape, one_row=True: shape == (64, 32))
+    monkeypatch.setattr(fastlinear, "chosen",
+                        lambda dtype, shape, one_row=True: "packed" if shape == (64, 32) else "stock")
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 48))
     fastlinear.install(model)
     assert ("forward" in model[0].__dict__) == fastlinear.supported(torch.float32)
@@ -126,35 +128,37 @@ def test_the_choice_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch)
     monkeypatch.setenv("SPECVIEW_CACHE_DIR", str(tmp_path))
     probes = []
 
-    def fake_probe(dtype, shape):
+    def fake_probe(dtype, shape, kernels):
         probes.append((dtype, shape))
         packed = 0.5 if dtype == torch.float32 else 0.95  # packed clearly faster / not by 10%
-        return {"stock_one": 1.0, "stock_rows": 1.0, "packed_one": packed, "packed_rows": packed}
+        times = {"stock": 1.0, "packed": packed, "mlas": 1.0}  # MLAS (where it runs) no faster than stock
+        return {f"{kernel}_{rows}": times[kernel] for kernel in kernels for rows in ("one", "rows")}
 
     monkeypatch.setattr(fastlinear, "_probe", fake_probe)
     for _ in range(2):
         fastlinear.probe_seconds.cache_clear()  # a new process
-        assert fastlinear.faster(torch.float32, (64, 32)) is True
-        assert fastlinear.faster(torch.bfloat16, (64, 32)) is False
+        assert fastlinear.chosen(torch.float32, (64, 32)) == "packed"
+        assert fastlinear.chosen(torch.bfloat16, (64, 32)) == "stock"
     assert len(probes) == 2  # measured once each, then read back
     stored = json.loads((tmp_path / "fastlinear.json").read_text())
     assert len(stored) == 2 and all(f"threads={torch.get_num_threads()}" in key for key in stored)
     (tmp_path / "fastlinear.json").write_text("{damaged")  # measured again, rewritten
     fastlinear.probe_seconds.cache_clear()
-    assert fastlinear.faster(torch.float32, (64, 32)) is True and len(probes) == 3
+    assert fastlinear.chosen(torch.float32, (64, 32)) == "packed" and len(probes) == 3
     json.loads((tmp_path / "fastlinear.json").read_text())
     stored = json.loads((tmp_path / "fastlinear.json").read_text())
     for entry in stored.values():
         entry["stock_one_s"] = 0.0  # not a time: the rule would divide by it
     (tmp_path / "fastlinear.json").write_text(json.dumps(stored))
     fastlinear.probe_seconds.cache_clear()
-    assert fastlinear.faster(torch.float32, (64, 32)) is True and len(probes) == 4
+    assert fastlinear.chosen(torch.float32, (64, 32)) == "packed" and len(probes) == 4
     fastlinear.probe_seconds.cache_clear()
 
 
 def test_the_real_probe_runs_on_this_torch_build():
-    seconds = fastlinear._probe(torch.float32, (256, 128), repeats=1)
-    assert set(seconds) == {"stock_one", "stock_rows", "packed_one", "packed_rows"}
+    kernels = fastlinear.candidates(torch.float32)
+    seconds = fastlinear._probe(torch.float32, (256, 128), kernels, repeats=1)
+    assert set(seconds) == {f"{kernel}_{rows}" for kernel in kernels for rows in ("one", "rows")}
     assert all(s > 0 for s in seconds.values())
 
 
@@ -166,7 +170,7 @@ def test_the_real_probe_runs_on_this_torch_build():
 ])
 def test_packing_wins_one_pass_clearly_and_loses_neither(one, rows, packed):
     seconds = {"stock_one": 2.0, "stock_rows": 3.0, "packed_one": 2.0 * one, "packed_rows": 3.0 * rows}
-    assert fastlinear.packs(seconds) is packed
+    assert (fastlinear.choose(seconds) == "packed") is packed
 
 
 @pytest.mark.skipif(not fastlinear.supported(torch.float32), reason="no oneDNN packed linear in this torch")
@@ -178,7 +182,7 @@ def test_a_compiled_forward_packs_by_the_verify_alone(small_llama_pair, tmp_path
     monkeypatch.setenv("SPECVIEW_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "auto")
     # the AVX2 576x1536 figures: packed 1.24x slower for one row, 0.86x for five
-    monkeypatch.setattr(fastlinear, "_probe", lambda dtype, shape: {
+    monkeypatch.setattr(fastlinear, "_probe", lambda dtype, shape, kernels: {
         "stock_one": 4.45, "packed_one": 5.53, "stock_rows": 8.19, "packed_rows": 7.06})
     fastlinear.probe_seconds.cache_clear()
     try:

@@ -1,0 +1,137 @@
+"""onnxruntime's MLAS as a kernel for thin float32 products: a verify's K+1 rows by a weight matrix.
+
+A verify multiplies a few rows by every weight, and on a CPU without AVX-512 the kernels torch reaches do that
+far below the memory's pace: oneDNN's packed product ran 5 rows at 17-24 GFLOP/s on an AVX2 EPYC (Zen 3, one
+thread), so a 5-row verify of SmolLM2-135M spent 52 ms in its products against 24 for one row. MLAS, the
+kernel library inside onnxruntime, multiplies the same 5 rows by a weight it packed once at 50-70 GFLOP/s: all
+210 layer matrices and the head in 28-30 ms at 5 rows, 26 at one (the float32 weights stream at 20 GB/s).
+
+Each weight becomes a one-node onnxruntime session (a Gemm whose B is that weight, handed over in memory, not
+copied: onnxruntime packs it once for MLAS at session start, a copy in its layout, as oneDNN's packing costs). A
+product is then one `session.run` (7 us of overhead; 121 a forward). The result is the same product up to float
+summation order, as with any change of kernel. fastlinear's probe decides per machine, dtype and shape whether
+this, oneDNN's packed product or F.linear runs a forward's products; nothing here runs unless it measured faster.
+
+To a compiled graph a product is `torch.ops.specview.mlas_linear(x, handle, bias, out_features)`: an opaque call
+whose `handle` is a 0-dim int64 tensor naming the session (a tensor, not an int: one compiled function serves
+every layer, and an int argument would be compiled once per value).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import weakref
+
+import torch
+
+_sessions: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # handle number -> _Product
+_numbers = itertools.count(1)
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    """None where MLAS can run here, else why not (one phrase)."""
+    try:
+        import onnx  # noqa: F401 - the graph of one product is written with onnx's protobuf helpers
+        import onnxruntime
+    except ImportError as err:
+        return f"onnxruntime is not installed ({err.name})"
+    if "CPUExecutionProvider" not in onnxruntime.get_available_providers():
+        return "onnxruntime has no CPU execution provider"
+    try:  # a small product against F.linear, once: a broken build or a changed API means F.linear for good
+        weight, x = torch.randn(24, 48), torch.randn(3, 48)
+        if not torch.allclose(_run(pack(weight), x), x @ weight.T, rtol=1e-4, atol=1e-4):
+            return "its product disagrees with F.linear"
+    except Exception as err:  # noqa: BLE001 - any failure means: not here
+        return f"onnxruntime failed a trial product: {type(err).__name__}: {err}"
+    return None
+
+
+def available() -> bool:
+    return unavailable_reason() is None
+
+
+class _Product:
+    """One weight's onnxruntime session: run(x [rows, in]) -> [rows, out]."""
+
+    def __init__(self, weight: torch.Tensor):
+        import onnxruntime as ort
+
+        if weight.dtype != torch.float32 or weight.dim() != 2:
+            raise ValueError(f"MLAS multiplies float32 matrices, not {weight.dtype} of shape {tuple(weight.shape)}")
+        # B as the weight lies in memory: [out, in] (nn.Linear, transB) or [in, out] (GPT-2's Conv1D, a .t() view)
+        transposed = not weight.is_contiguous() and weight.t().is_contiguous()
+        self.array = (weight.t() if transposed else weight.contiguous()).detach().numpy()
+        self.out_features = weight.shape[0]
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()  # the engine's thread count, fixed at its start
+        options.inter_op_num_threads = 1
+        # Idle pool threads sleep instead of spinning: between two products torch's own operators need the cores (with
+        # spinning, a 2-thread verify of the bundled target took 3.5 s instead of 40 ms; one pool shared by every
+        # session, spinning or not, ran it in 77-95 ms)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3  # errors only: no warnings about the graph's provenance
+        self.value = ort.OrtValue.ortvalue_from_numpy(self.array)  # kept: the session reads this memory
+        options.add_external_initializers(["W"], [self.value])
+        self.session = ort.InferenceSession(_graph(*self.array.shape, transposed), options,
+                                            providers=["CPUExecutionProvider"])
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.session.run(None, {"A": x.contiguous().numpy()})[0])
+
+
+@functools.cache
+def _graph(rows_b: int, cols_b: int, transposed: bool) -> bytes:
+    """A model of one Gemm, Y = A @ B (transposed: B is [in, out]) or A @ B.T, whose B the session gets in memory
+    (an external initializer: the file names a location that is never read)."""
+    from onnx import TensorProto, helper
+
+    weight = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[rows_b, cols_b],
+                         data_location=TensorProto.EXTERNAL)
+    weight.external_data.add(key="location", value="in-memory")
+    in_features, out_features = (rows_b, cols_b) if transposed else (cols_b, rows_b)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["A", "W"], ["Y"], transB=0 if transposed else 1)], "product",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["rows", in_features])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["rows", out_features])], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """The handle of a new session for `weight` [out, in] (or a [in, out] matrix's .t() view): a 0-dim int64
+    tensor that keeps the session alive."""
+    product = _Product(weight)
+    number = next(_numbers)
+    _sessions[number] = product
+    handle = torch.tensor(number, dtype=torch.int64)
+    handle.mlas_product = product  # the handle owns the session: dropped with the weight tuple that holds it
+    return handle
+
+
+def is_handle(packed) -> bool:
+    return isinstance(packed, torch.Tensor) and packed.dtype == torch.int64 and packed.dim() == 0
+
+
+def _run(handle: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return _sessions[int(handle)].run(x)
+
+
+_LIBRARY = torch.library.Library("specview", "FRAGMENT")
+_LIBRARY.define("mlas_linear(Tensor x, Tensor handle, Tensor? bias, SymInt out_features) -> Tensor")
+
+
+def _mlas_linear(x, handle, bias, out_features):
+    y = _run(handle, x)
+    return y if bias is None else y + bias
+
+
+_LIBRARY.impl("mlas_linear", _mlas_linear, "CPU")
+
+
+@torch.library.register_fake("specview::mlas_linear", lib=_LIBRARY)
+def _(x, handle, bias, out_features):
+    return x.new_empty(x.shape[0], out_features)
+
+
+mlas_linear = torch.ops.specview.mlas_linear

@@ -1,0 +1,114 @@
+"""MLAS (onnxruntime) as a product kernel: the same product as F.linear, eager and inside compiled forwards, the
+same greedy tokens, chosen only where the probe measures it faster, and never required."""
+
+import gc
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_compiled import PROMPT, emitted, fast_logits, gpt2_variant, hf_logits, needs_compiler
+
+from specview import fastdecode, fastgpt2, fastlinear, kernels, mlas
+from specview.engine import Decoder
+from specview.settings import SamplingConfig
+
+needs_mlas = pytest.mark.skipif(not mlas.available(), reason=f"no MLAS here: {mlas.unavailable_reason()}")
+
+
+@needs_mlas
+@pytest.mark.parametrize("rows", [1, 2, 5, 16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("layout", ["out_in", "in_out"])
+def test_its_product_is_f_linear_up_to_summation_order(rows, bias, layout):
+    """Weights as nn.Linear lays them out [out, in], and as GPT-2's Conv1D does ([in, out], seen through .t())."""
+    torch.manual_seed(0)
+    weight = torch.randn(40, 24) if layout == "out_in" else torch.randn(24, 40).t()
+    b = torch.randn(40) if bias else None
+    x = torch.randn(rows, 24)
+    got = fastlinear.product(x, fastlinear.pack(weight, "mlas"), b, 40)
+    torch.testing.assert_close(got, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+
+
+@needs_mlas
+def test_a_session_lives_as_long_as_its_handle():
+    handle = fastlinear.pack(torch.randn(8, 4), "mlas")
+    number = int(handle)
+    assert number in mlas._sessions and fastlinear.kernel_of(handle) == "mlas"
+    del handle
+    gc.collect()
+    assert number not in mlas._sessions
+
+
+@needs_mlas
+def test_nn_linear_runs_it_inside_the_engine_only(monkeypatch):
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 16).eval()
+    fastlinear.install(lin)
+    x = torch.randn(1, 3, 32)
+    with torch.inference_mode():
+        stock = F.linear(x, lin.weight, lin.bias)
+        assert torch.equal(lin(x), stock)  # outside active(): untouched
+        with fastlinear.active():
+            fast = lin(x)
+    assert fastlinear.kernel_of(fastlinear._packed[lin][1]) == "mlas"
+    torch.testing.assert_close(fast, stock, rtol=1e-5, atol=1e-5)
+
+
+@needs_mlas
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_compiler)])
+def test_fast_forwards_on_mlas_compute_what_transformers_computes(small_llama_pair, small_vocab_pair, compiled,
+                                                                   monkeypatch):
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
+    llama, _ = small_llama_pair
+    gpt2 = gpt2_variant(small_vocab_pair[0], "float32")
+    for lm, family in ((llama, fastdecode.FastForward), (gpt2, fastgpt2.GPT2Forward)):
+        want = hf_logits(lm, PROMPT)
+        runner = family(lm.model, compiled, gemv="reduce")
+        assert {piece["rows"] for piece in runner.pieces().values()} == {"mlas"}
+        # a prefill of 4, one row, a verify of the rest: several rows run MLAS, one row the compiled reduce
+        torch.testing.assert_close(fast_logits(runner, PROMPT), want, rtol=1e-4, atol=1e-4)
+
+
+@needs_mlas
+@needs_compiler
+def test_greedy_speculative_on_mlas_equals_greedy_autoregressive(small_llama_pair, monkeypatch):
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
+    target, draft = small_llama_pair
+    greedy = SamplingConfig(temperature=0)
+    try:
+        for lm in (target, draft):
+            assert kernels.prepare(lm, "on").mode == "compiled"
+        assert fastdecode.runner_for(target.model).pieces()["down"]["rows"] == "mlas"
+        want = list(Decoder(target, None, greedy, ignore_eos=True).generate(PROMPT, 24))
+        got = list(Decoder(target, draft, greedy, k=3, ignore_eos=True).generate(PROMPT, 24))
+        assert emitted(got) == emitted(want)
+        assert any(step.rejected_at is not None for step in got), "the draft must be rejected sometimes"
+    finally:
+        for lm in (target, draft):
+            fastdecode.uninstall(lm.model)
+
+
+@pytest.mark.parametrize("mlas_rows, one_row, expected", [
+    (0.5, True, "mlas"),  # a verify in half oneDNN's time, one row no slower: MLAS
+    (0.95, True, "packed"),  # within 10% of oneDNN: the earlier kernel stays
+    (0.5, False, "mlas"),  # a compiled forward, whose one row runs another kernel: the rows decide
+])
+def test_mlas_replaces_onednn_only_where_it_clearly_wins(mlas_rows, one_row, expected):
+    seconds = {"stock_one": 2.0, "stock_rows": 4.0, "packed_one": 1.5, "packed_rows": 3.0,
+               "mlas_one": 1.5, "mlas_rows": 3.0 * mlas_rows}
+    assert fastlinear.choose(seconds, one_row) == expected
+
+
+def test_without_onnxruntime_nothing_asks_for_it(monkeypatch):
+    """onnxruntime is a dependency, but a build without it (or a broken one) must only lose the kernel."""
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails
+    mlas.unavailable_reason.cache_clear()
+    try:
+        assert "onnxruntime" in mlas.unavailable_reason()
+        assert "mlas" not in fastlinear.candidates(torch.float32)
+        monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
+        assert fastlinear.kernel_for(torch.float32, (16, 32)) == "stock"
+    finally:
+        mlas.unavailable_reason.cache_clear()
