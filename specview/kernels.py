@@ -221,7 +221,8 @@ def _probe_one_row(kernel: str, dtype, shape, repeats: int = 5) -> float:
 def products_ms(model, rows: tuple[int, ...]) -> dict[str, float] | None:
     """{str(rows): ms} for each row count: the time of a forward's matrix products alone, with the kernels its
     forward runs, over the model's own weights (streamed from memory as in a forward, the head included), best of
-    3. What the roofline sets beside a forward's memory floor: where these take most of the forward, its kernels
+    5 (a figure taken while another process held the CPU stays in the cache: the roofline drops one above its
+    forward's own time). What the roofline sets beside a forward's memory floor: where these take most of the forward, its kernels
     bound it on this CPU (on an AVX2 EPYC torch's int4 kernel gets through its codes at 3 GB/s, against 25 for
     memory), not the operators between them. None for a model on transformers' forward (its products are modules
     of its own) or where timing them fails (the roofline goes without). Measured once per machine, torch, threads
@@ -247,7 +248,7 @@ def products_ms(model, rows: tuple[int, ...]) -> dict[str, float] | None:
     return {str(r): entry[str(r)] for r in rows}
 
 
-def _time_products(runner, rows: int, repeats: int = 3) -> float:
+def _time_products(runner, rows: int, repeats: int = 5) -> float:
     """ms of one pass of `rows` rows through every product of `runner`'s forward, as its functions run them: one
     row with the one-row kernel (the compiled reduce where that is the choice), several with the packed copies."""
     one_row = rows == 1 and runner.compiled

@@ -255,13 +255,20 @@ class ForwardTally:
 
     def _products(self, n: int) -> dict:
         """products_ms per forward, where (nearly) every forward has a figure: a mean over a few would be set
-        beside the mean of all."""
+        beside the mean of all. Not a figure above the forward's own time: the products are part of the forward, so
+        such a figure was timed while something else took the CPU (kernels.products_ms keeps its first timing per
+        machine; on a shared 2-core VM a draft's products once came out at 46.7 ms beside forwards of 17.0 ms), and
+        the diagnosis would blame the kernels on it."""
         if not n or self.timed < COVERED * n:
             return {"products_ms": None}
-        return {"products_ms": self.products_ms / self.timed}
+        products = self.products_ms / self.timed
+        if products > PLAUSIBLE * self.ms / n:
+            return {"products_ms": None}
+        return {"products_ms": products}
 
 
 COVERED = 0.9  # the share of forwards with a products figure for the mean to stand for all
+PLAUSIBLE = 1.1  # products may exceed their forward's mean time by this much (timings of two moments), no more
 
 
 def products_at(products: dict[int, float], rows: int) -> float | None:
