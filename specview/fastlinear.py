@@ -20,7 +20,8 @@ of F.linear ('stock'), oneDNN ('packed') and MLAS ('mlas') runs each weight shap
 (`chosen`).
 
 The result is the same product up to float summation order (~1e-6 relative in float32), as with
-any change of kernel. The packed copy costs memory: one more copy of each model's linear weights.
+any change of kernel. The packed copy costs memory: one more copy of each model's linear weights (two with
+MLAS, mlas.py).
 
 Only the engine's forwards use it: `install(model)` gives each nn.Linear a forward that takes the
 packed path inside `active()` and is plain `F.linear` everywhere else, so transformers' own
@@ -113,8 +114,9 @@ def probe_seconds(dtype: torch.dtype, shape: tuple[int, int]) -> dict[str, float
     in the cache folder (machine.py): every process on the machine then times the same kernels (two that each
     measured could choose differently under load)."""
     kernels = candidates(dtype)
+    named = [f"mlas {mlas.version()}" if kernel == "mlas" else kernel for kernel in kernels]  # another version: again
     key = (f"{machine.host_key()}/torch {torch.__version__}/{dtype}/{shape[0]}x{shape[1]}/threads={torch.get_num_threads()}"
-           f"/{PASSES}/{'+'.join(kernels)}")
+           f"/{PASSES}/{'+'.join(named)}")
     names = [f"{kernel}_{rows}" for kernel in kernels for rows in ("one", "rows")]
     cached = machine.read_cached(CHOICE_FILE)
     entry = cached.get(key)
@@ -202,9 +204,9 @@ def kernel_for(dtype: torch.dtype, shape: tuple[int, int], one_row: bool = True)
     """SPECVIEW_FASTLINEAR: 0 = stock kernels (to compare), 1 = oneDNN's packed product, mlas = MLAS's (each
     where it runs, else stock), auto (default) = what `chosen` measures fastest (`one_row`: as there)."""
     mode = os.environ.get("SPECVIEW_FASTLINEAR", "auto")
-    here = candidates(dtype)
-    if mode == "0":
+    if mode == "0":  # before candidates(): no onnxruntime import and trial product for nothing
         return "stock"
+    here = candidates(dtype)
     if mode in ("1", "mlas"):
         kernel = "packed" if mode == "1" else "mlas"
         return kernel if kernel in here else "stock"
@@ -306,7 +308,7 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     w = self.weight
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if (not _active or not 0 < rows <= MAX_ROWS or x.dtype != w.dtype or w.device.type != "cpu"
-            or w.requires_grad and torch.is_grad_enabled()):
+            or (w.requires_grad or x.requires_grad) and torch.is_grad_enabled()):
         return F.linear(x, w, self.bias)
     packed = _packed_weight(self)
     if packed is None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specview import compiler, fastdecode, fastgpt2, fastlinear, machine
+from specview import compiler, fastdecode, fastgpt2, fastlinear, machine, mlas
 from specview.errors import SpecviewError
 
 MODES = ("auto", "on", "off")
@@ -231,7 +231,8 @@ def products_ms(model, rows: tuple[int, ...]) -> dict[str, float] | None:
     runner = fastdecode.runner_for(model)
     if runner is None:
         return None
-    pieces = json.dumps([runner.compiled, runner.gemv, runner.pieces(), len(runner.products())], sort_keys=True)
+    pieces = json.dumps([runner.compiled, runner.gemv, runner.pieces(), len(runner.products()), mlas.version()],
+                        sort_keys=True)
     key = f"{_key(model, 'products')}/{hashlib.sha256(pieces.encode()).hexdigest()[:16]}"
     cached = machine.read_cached(CHOICE_FILE)
     entry = cached.get(key) if isinstance(cached.get(key), dict) else {}

@@ -6,9 +6,11 @@ thread), so a 5-row verify of SmolLM2-135M spent 52 ms in its products against 2
 kernel library inside onnxruntime, multiplies the same 5 rows by a weight it packed once at 50-70 GFLOP/s: all
 210 layer matrices and the head in 28-30 ms at 5 rows, 26 at one (the float32 weights stream at 20 GB/s).
 
-Each weight becomes a one-node onnxruntime session (a Gemm whose B is that weight, handed over in memory, not
-copied: onnxruntime packs it once for MLAS at session start, a copy in its layout, as oneDNN's packing costs). A
-product is then one `session.run` (7 us of overhead; 121 a forward). The result is the same product up to float
+Each weight becomes a one-node onnxruntime session (a Gemm whose B is that weight, handed over in memory), which
+packs it once for MLAS at session start. The price is memory: onnxruntime keeps a copy of the weight it was handed
+besides its packed one, so MLAS costs two copies of the weights it runs where oneDNN costs one (a weight given as
+a graph input is not copied, but then not packed either, and its products ran 2.3x slower). A product is then one
+`session.run` (7 us of overhead; 121 a forward), on the calling thread. The result is the same product up to float
 summation order, as with any change of kernel. fastlinear's probe decides per machine, dtype and shape whether
 this, oneDNN's packed product or F.linear runs a forward's products; nothing here runs unless it measured faster.
 
@@ -52,6 +54,15 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
+def version() -> str:
+    """onnxruntime's version, for the keys of cached timings (another version, other kernels); "" without it."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return ""
+    return onnxruntime.__version__
+
+
 class _Product:
     """One weight's onnxruntime session: run(x [rows, in]) -> [rows, out]."""
 
@@ -65,12 +76,13 @@ class _Product:
         self.array = (weight.t() if transposed else weight.contiguous()).detach().numpy()
         self.out_features = weight.shape[0]
         options = ort.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()  # the engine's thread count, fixed at its start
+        # One thread, the caller's: a session's own pool would be N - 1 threads per weight (121 sessions a model:
+        # thousands of threads on a many-core host), and one pool shared by every session ran a 2-thread verify of the
+        # bundled target in 77-95 ms against 40 (its threads spin between products, when torch needs the cores). At
+        # 2 threads MLAS on one (43 ms a 5-row verify) and on two (40 ms) were close; fastlinear's probe weighs it
+        # against oneDNN's threaded product at the engine's thread count.
+        options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
-        # Idle pool threads sleep instead of spinning: between two products torch's own operators need the cores (with
-        # spinning, a 2-thread verify of the bundled target took 3.5 s instead of 40 ms; one pool shared by every
-        # session, spinning or not, ran it in 77-95 ms)
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3  # errors only: no warnings about the graph's provenance
         self.value = ort.OrtValue.ortvalue_from_numpy(self.array)  # kept: the session reads this memory
         options.add_external_initializers(["W"], [self.value])

@@ -112,3 +112,56 @@ def test_without_onnxruntime_nothing_asks_for_it(monkeypatch):
         assert fastlinear.kernel_for(torch.float32, (16, 32)) == "stock"
     finally:
         mlas.unavailable_reason.cache_clear()
+
+
+@needs_mlas
+def test_a_session_runs_on_the_calling_thread_whatever_the_engine_threads():
+    """A pool per session would be N - 1 threads for each of a model's ~121 weights."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        handle = fastlinear.pack(torch.randn(8, 4), "mlas")
+    finally:
+        torch.set_num_threads(threads)
+    assert handle.mlas_product.session.get_session_options().intra_op_num_threads == 1
+
+
+@needs_mlas
+def test_the_probe_is_kept_per_onnxruntime_version(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("SPECVIEW_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(fastlinear, "_probe", lambda dtype, shape, kernels: {
+        f"{kernel}_{rows}": 1.0 for kernel in kernels for rows in ("one", "rows")})
+    fastlinear.probe_seconds.cache_clear()
+    try:
+        fastlinear.chosen(torch.float32, (16, 32))
+        (key,) = json.loads((tmp_path / "fastlinear.json").read_text())
+        assert key.endswith(f"+mlas {mlas.version()}")
+    finally:
+        fastlinear.probe_seconds.cache_clear()
+
+
+def test_without_onednn_mlas_is_weighed_against_the_stock_kernel():
+    seconds = {"stock_one": 2.0, "stock_rows": 4.0, "mlas_one": 1.9, "mlas_rows": 2.0}
+    assert fastlinear.choose(seconds) == "mlas" and fastlinear.choose({**seconds, "mlas_rows": 3.9}) == "stock"
+
+
+def test_switched_off_it_asks_nothing_of_onnxruntime(monkeypatch):
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")
+    monkeypatch.setattr(fastlinear, "candidates", lambda dtype: 1 / 0)  # would import and try onnxruntime
+    assert fastlinear.kernel_for(torch.float32, (16, 32)) == "stock"
+
+
+@needs_mlas
+def test_an_input_that_needs_its_gradient_takes_f_linear(monkeypatch):
+    """onnxruntime computes no gradients (and numpy refuses such a tensor): outside inference_mode the product of an
+    input that requires grad stays torch's."""
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
+    lin = torch.nn.Linear(32, 16).requires_grad_(False)
+    fastlinear.install(lin)
+    x = torch.randn(3, 32, requires_grad=True)
+    with fastlinear.active():
+        y = lin(x)
+    y.sum().backward()
+    assert x.grad is not None and torch.allclose(y, F.linear(x, lin.weight, lin.bias))
