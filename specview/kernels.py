@@ -10,7 +10,8 @@
 
 Per piece (each distinct weight matrix of the fast forward: the fused q/k/v, o, the fused gate/up, down,
 the head; the embedding is a lookup), the one-row product runs as a compiled multiply-and-sum
-('reduce'), a compiled F.linear ('mm') or torch's int4 kernel ('int4'); several rows run oneDNN on a
+('reduce'), a compiled F.linear ('mm'), the packed copy with its kernel (MLAS or oneDNN: 'mlas' / 'packed' in
+the pieces) or torch's int4 kernel ('int4'); several rows run oneDNN on a
 packed copy ('packed') or MLAS on its own ('mlas'), where fastlinear's probe finds them faster, else F.linear
 ('mm'), or 'int4'. Only
 kernels that compute the same product up to float summation order are chosen automatically: an
@@ -177,8 +178,11 @@ def _probe_forward(lm, runner, rounds: int = 7) -> tuple[float, float]:
 
 
 def one_row_kernel(model, say=lambda msg: None) -> str:
-    """'reduce' or 'mm' for the compiled one-row products of this model's dtype: a compiled product of
-    one row by the model's largest layer matrix, both ways, over enough copies to stream from memory."""
+    """'reduce', 'mm' or 'packed' for the compiled one-row products of this model's dtype: a compiled product of
+    one row by the model's largest layer matrix, each way, over enough copies to stream from memory. 'packed' (the
+    weight's packed copy, with the kernel fastlinear's probe chose for its shape: MLAS or oneDNN) is a candidate
+    where that probe found one: on an AVX2 EPYC MLAS read a one-row product's weights at about 21 GB/s against
+    the compiled reduce's 17."""
     head = model.get_output_embeddings()
     dense = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
     if not dense and isinstance(head, torch.nn.Linear):  # every layer matrix is int4: only the head is dense
@@ -187,12 +191,17 @@ def one_row_kernel(model, say=lambda msg: None) -> str:
         return "mm"
     weight = max(dense, key=lambda w: w.numel())
     dtype, shape = weight.dtype, tuple(weight.shape)
+    packed = fastlinear.kernel_for(dtype, shape)  # the copy a one-row product would read ("stock": none)
+    kinds = ("reduce", "mm") + (("packed",) if packed != "stock" else ())
+    named = "+".join(kind if kind != "packed" else f"packed {packed} {mlas.version() if packed == 'mlas' else ''}".strip()
+                     for kind in kinds)  # another set of candidates (or onnxruntime): measured again
     cached = machine.read_cached(CHOICE_FILE)
-    key = f"{machine.host_key()}/torch {torch.__version__}/threads={torch.get_num_threads()}/one_row/{dtype}/{shape}"
-    if isinstance(cached.get(key), dict) and cached[key].get("kernel") in ("reduce", "mm"):
+    key = (f"{machine.host_key()}/torch {torch.__version__}/threads={torch.get_num_threads()}/one_row/{dtype}/{shape}"
+           f"/{named}")
+    if isinstance(cached.get(key), dict) and cached[key].get("kernel") in kinds:
         return cached[key]["kernel"]
     say(f"probing the one-row kernel for {str(dtype).removeprefix('torch.')} {shape[0]}x{shape[1]}")
-    seconds = {name: _probe_one_row(name, dtype, shape) for name in ("reduce", "mm")}
+    seconds = {name: _probe_one_row(name, dtype, shape, packed) for name in kinds}
     kernel = min(seconds, key=seconds.get)
     cached[key] = {"kernel": kernel, **{f"{name}_s": s for name, s in seconds.items()},
                    "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -200,10 +209,14 @@ def one_row_kernel(model, say=lambda msg: None) -> str:
     return kernel
 
 
-def _probe_one_row(kernel: str, dtype, shape, repeats: int = 5) -> float:
+def _probe_one_row(kernel: str, dtype, shape, packed: str = "stock", repeats: int = 5) -> float:
     from specview.fastlinear import probe_matrices  # the same streamed set of weights as fastlinear's probe
 
-    weights = [("dense", torch.randn(*shape, dtype=dtype), None, None) for _ in range(probe_matrices(dtype, shape))]
+    def weight():
+        w = torch.randn(*shape, dtype=dtype)
+        return ("dense", w, fastlinear.pack(w, packed) if kernel == "packed" else None, None)
+
+    weights = [weight() for _ in range(probe_matrices(dtype, shape))]
     x = torch.randn(1, shape[1], dtype=dtype)
     product = compiler.compile_fn(fastdecode.linear)
     best = float("inf")

@@ -57,17 +57,20 @@ def test_nn_linear_runs_it_inside_the_engine_only(monkeypatch):
 
 
 @needs_mlas
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_compiler)])
-def test_fast_forwards_on_mlas_compute_what_transformers_computes(small_llama_pair, small_vocab_pair, compiled,
+@pytest.mark.parametrize("compiled, gemv", [(False, "reduce"), pytest.param(True, "reduce", marks=needs_compiler),
+                                            pytest.param(True, "packed", marks=needs_compiler)])
+def test_fast_forwards_on_mlas_compute_what_transformers_computes(small_llama_pair, small_vocab_pair, compiled, gemv,
                                                                    monkeypatch):
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
     llama, _ = small_llama_pair
     gpt2 = gpt2_variant(small_vocab_pair[0], "float32")
     for lm, family in ((llama, fastdecode.FastForward), (gpt2, fastgpt2.GPT2Forward)):
         want = hf_logits(lm, PROMPT)
-        runner = family(lm.model, compiled, gemv="reduce")
+        runner = family(lm.model, compiled, gemv=gemv)
         assert {piece["rows"] for piece in runner.pieces().values()} == {"mlas"}
-        # a prefill of 4, one row, a verify of the rest: several rows run MLAS, one row the compiled reduce
+        assert {piece["one_row"] for piece in runner.pieces().values()} == {"mlas" if gemv == "packed" or not compiled
+                                                                           else "reduce"}
+        # a prefill of 4, one row, a verify of the rest: several rows run MLAS, one row MLAS or the compiled reduce
         torch.testing.assert_close(fast_logits(runner, PROMPT), want, rtol=1e-4, atol=1e-4)
 
 
@@ -165,3 +168,24 @@ def test_an_input_that_needs_its_gradient_takes_f_linear(monkeypatch):
         y = lin(x)
     y.sum().backward()
     assert x.grad is not None and torch.allclose(y, F.linear(x, lin.weight, lin.bias))
+
+
+@needs_mlas
+def test_the_one_row_kernel_weighs_the_packed_copy_where_there_is_one(small_llama_pair, tmp_path, monkeypatch):
+    """kernels.one_row_kernel: 'packed' (here MLAS) is a candidate only where fastlinear packs the shape; the choice
+    is kept under a key naming the candidates, so a machine that gains onnxruntime measures again."""
+    import json
+
+    monkeypatch.setenv("SPECVIEW_CACHE_DIR", str(tmp_path))
+    timed = {"reduce": 2.0, "mm": 3.0, "packed": 1.0}
+    probed = []
+    monkeypatch.setattr(kernels, "_probe_one_row", lambda kind, dtype, shape, packed: probed.append((kind, packed))
+                        or timed[kind])
+    target, _ = small_llama_pair
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
+    assert kernels.one_row_kernel(target.model) == "packed"
+    assert probed == [("reduce", "mlas"), ("mm", "mlas"), ("packed", "mlas")]
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")  # no packed copy: not a candidate, another key
+    assert kernels.one_row_kernel(target.model) == "reduce" and len(probed) == 5
+    keys = [key for key in json.loads((tmp_path / "kernels.json").read_text()) if "/one_row/" in key]
+    assert len(keys) == 2 and any(key.endswith(f"+packed mlas {mlas.version()}") for key in keys)
