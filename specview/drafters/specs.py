@@ -4,6 +4,7 @@
     ngram[:max=4,min=1]    prompt lookup over prompt + generated tokens; q is one-hot
     self:skip=4-9,15       the target with these decoder layers skipped (0-based, ranges)
     self:auto              the skip set chosen by a short calibration on the prompt, printed
+    llamacpp[:PATH.gguf]   llama.cpp (llama-cpp-python, an extra) running the target's GGUF file, or PATH
 
     DRAFTER;tree:b=2,d=4   a token tree from that drafter (docs/design.md §18): b children per node, depth d
     DRAFTER;tree:nodes=16  the 16 nodes of highest draft probability (EAGLE-2), b=, d= bound the expansion
@@ -92,7 +93,7 @@ def split_tree(spec: str) -> tuple[str, TreeShape | None]:
 
 
 def kind(spec: str) -> str:
-    """'ngram', 'self' or 'model'; an unknown NAME:options kind is an error (a model spec has no ':'...
+    """'ngram', 'self', 'llamacpp' or 'model'; an unknown NAME:options kind is an error (a model spec has no ':'...
     except a Windows path, which specview does not run on). A ';tree' suffix is checked and set aside."""
     spec, _ = split_tree(spec)
     head, colon, _ = spec.partition(":")
@@ -100,9 +101,11 @@ def kind(spec: str) -> str:
         return "ngram"
     if head == "self":
         return "self"
+    if head == "llamacpp":
+        return "llamacpp"
     if colon and not head.startswith((".", "/", "~")):
         raise SpecviewError(f"--draft {quoted(spec)}: unknown drafter kind {quoted(head)} (use a MODEL, ngram[:max=N,min=N], "
-                            f"self:skip=LAYERS or self:auto)")
+                            f"self:skip=LAYERS, self:auto or llamacpp[:PATH.gguf])")
     return "model"
 
 
@@ -120,6 +123,12 @@ def build(spec: str, target, load: Callable[[str], object], prompt_ids: list[int
         drafter = NgramDrafter(base)
     elif what == "self":
         drafter = _self_drafter(base, target, prompt_ids, say)
+    elif what == "llamacpp":
+        if shape is not None:
+            raise SpecviewError(f"--draft {quoted(spec)}: llamacpp drafts chains only (its cache is one sequence)")
+        from specview.drafters.llamacpp import LlamaCppDrafter, gguf_file
+
+        return LlamaCppDrafter(base, gguf_file(base, target.spec), target.logits_dim, target.context_len)
     else:
         drafter = ModelDrafter(load(base))
     if shape is None:

@@ -63,8 +63,12 @@ def stepwise(dec, drafter, state, prompt_ids: list[int], generated: list[int]) -
     from specview.sampling import probs_from_logits
 
     drafter.prefill(dec, state, prompt_ids[:-1])
-    rows = [dec.forward(drafter.lm, state, [tok], keep=1)[-1] for tok in [prompt_ids[-1]] + generated[:-1]]
-    return probs_from_logits(torch.stack(rows), dec.sampling)
+    along = [prompt_ids[-1]] + generated[:-1]
+    if getattr(drafter, "lm", None) is None:  # a draft model run elsewhere (llama.cpp): its own one-token feeds
+        rows = drafter.logits_along(along).to(dec.device)
+    else:
+        rows = torch.stack([dec.forward(drafter.lm, state, [tok], keep=1)[-1] for tok in along])
+    return probs_from_logits(rows, dec.sampling)
 
 
 def verdicts(steps: list[dict], prompt_len: int, n: int) -> list:
@@ -92,7 +96,7 @@ def run_dists(session, prompt_ids: list[int], generated: list[int], steps: list[
     out = {"prompt_ids": list(prompt_ids), "tokens": list(generated), "target": {**_top(p), "argmax": p.argmax(dim=-1).tolist()},
            "drafters": {}}
     for d in session.drafters:
-        if getattr(d, "lm", None) is not None:
+        if getattr(d, "lm", None) is not None or hasattr(d, "logits_along"):
             ddec = session.decoder(drafter=d)
             q = stepwise(ddec, d, d.new_state(), prompt_ids, generated)
             q = q[:, : p.shape[-1]] if q.shape[-1] >= p.shape[-1] else torch.nn.functional.pad(q, (0, p.shape[-1] - q.shape[-1]))

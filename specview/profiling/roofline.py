@@ -190,7 +190,12 @@ def session_roofline(session, bandwidth: dict | None = None, drafters: bool = Tr
     per_drafter = {}
     for d in session.drafters if drafters else ():
         lm = getattr(d, "lm", None)
-        per_drafter[d.spec] = figures(lm.model, (1,)) if lm is not None else {"weights": 0, "kv_per_token": 0}
+        if lm is not None:
+            per_drafter[d.spec] = figures(lm.model, (1,))
+        elif hasattr(d, "model_bytes"):  # a draft model run elsewhere (llama.cpp): its bytes, no products of ours
+            per_drafter[d.spec] = d.model_bytes()
+        else:
+            per_drafter[d.spec] = {"weights": 0, "kv_per_token": 0}
     return {"bandwidth_gbs": bw["gbs"], "probe": bw["method"],
             "target": figures(session.target.model, (1, 2, session.settings.k + 1)),
             "drafters": per_drafter, "prompt_len": len(session.prompt_ids)}

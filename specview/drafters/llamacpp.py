@@ -1,0 +1,138 @@
+"""llama.cpp as the draft: llama-cpp-python running a GGUF file with its own kernels (`--draft llamacpp`).
+
+On a CPU where torch has no fast 4-bit kernel the bundled `@int4` draft costs about a target token: on an AVX2
+EPYC (Zen 3, one thread) torch's int4 kernel reads its codes at 3 GB/s and the draft's forward takes 27 ms, the
+float32 target's 27. llama.cpp multiplies the same file's Q4_1 weights by 8-bit activations with its AVX2 dot
+products: 13.4 ms a token there. The draft is the file as llama.cpp computes it (its own activation rounding
+and kernels), which the engine's accept test needs nothing of: q is whatever llama.cpp's logits give after the
+same temperature / top-k / top-p as p, the token is drawn from q by the engine's generator, and the output stays
+the target's, as for every drafter.
+
+    llamacpp            the target's own GGUF file (the bundled model, or a .gguf target)
+    llamacpp:PATH.gguf  another GGUF file with the target's vocabulary
+
+One llama.cpp context per drafter, whose KV cache follows the text: fed what the drafter has not seen yet, cut
+back after each step (rollback). An optional extra, as the bench peer (`pip install -e ".[llamacpp]"`): without
+it the spec fails in one line naming the install. Not a tree drafter: llama.cpp's cache here is one sequence.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from specview.drafters.base import Proposal
+from specview.errors import SpecviewError, quoted
+from specview.sampling import probs_from_logits, sample
+
+NOT_INSTALLED = 'llama-cpp-python is not installed (pip install -e ".[llamacpp]" or make bench-llamacpp)'
+N_BATCH = 512  # tokens per llama.cpp batch when a prompt is fed
+MAX_CONTEXT = 8192  # the context the drafter's cache is sized for, at most (the target's, if smaller)
+
+
+def gguf_file(spec: str, target_spec: str) -> str:
+    """The GGUF file a `llamacpp[:PATH]` spec names, or the target's own."""
+    _, colon, path = spec.partition(":")
+    if colon:
+        path = os.path.expanduser(path)
+        if not path.endswith(".gguf") or not os.path.isfile(path):
+            raise SpecviewError(f"--draft {quoted(spec)}: {quoted(path)} is not a .gguf file")
+        return path
+    from specview.models import parse_spec
+
+    src = parse_spec(target_spec)
+    if not src.gguf_file:
+        raise SpecviewError(f"--draft {quoted(spec)}: the target {target_spec} is not a .gguf file; name one with "
+                            "llamacpp:PATH.gguf")
+    return os.path.join(src.path, src.gguf_file)
+
+
+class LlamaCppDrafter:
+    def __init__(self, spec: str, path: str, vocab: int, context: int | None):
+        try:
+            from llama_cpp import Llama
+        except ImportError as err:
+            raise SpecviewError(f"--draft {spec}: {NOT_INSTALLED}") from err
+        except OSError as err:  # the package is there but its library does not load (built for another CPU)
+            raise SpecviewError(f"--draft {spec}: llama-cpp-python cannot load its library: {err}") from err
+        threads = torch.get_num_threads()  # --threads, as every forward of the run
+        self.spec, self.path = spec, path
+        try:
+            self.llm = Llama(model_path=path, n_ctx=min(context or MAX_CONTEXT, MAX_CONTEXT), n_batch=N_BATCH,
+                             n_threads=threads, n_threads_batch=threads, verbose=False)
+        except (ValueError, RuntimeError) as err:
+            raise SpecviewError(f"--draft {spec}: llama.cpp cannot load {path}: {err}") from err
+        if self.llm.n_vocab() != vocab:
+            raise SpecviewError(f"--draft {spec}: {os.path.basename(path)} has {self.llm.n_vocab()} tokens, the target "
+                                f"{vocab}: a draft must share the target's vocabulary")
+
+    def model_bytes(self) -> dict:
+        """The roofline's figures (profiling.roofline.model_bytes' keys): a token reads the whole file (its tensors:
+        the tied Q8_0 head reads all of the embedding; the few bytes of metadata aside), and caches keys and values
+        of every layer in float16 (llama.cpp's default cache type)."""
+        meta = self.llm.metadata
+        arch = meta.get("general.architecture", "llama")
+
+        def number(key: str) -> int:
+            value = meta.get(f"{arch}.{key}")
+            return int(value) if value is not None and str(value).isdigit() else 0
+
+        heads = number("attention.head_count") or 1
+        kv_width = number("embedding_length") // heads * (number("attention.head_count_kv") or heads)
+        return {"weights": os.path.getsize(self.path), "kv_per_token": number("block_count") * 2 * kv_width * 2}
+
+    def new_state(self):
+        """The drafter's cache is llama.cpp's own (one sequence): a run starts it empty."""
+        self.rollback(None, 0)
+        return None
+
+    def prefill(self, dec, state, head: list[int]) -> None:
+        self._feed(head)
+
+    def propose(self, dec, state, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
+        """k tokens, each drawn from llama.cpp's next-token logits after feeding the one before (first, whatever
+        of the text the cache has not seen)."""
+        timer = dec.timer
+        drafts, q_rows, cut = [], [], None
+        if self.llm.n_tokens >= len(tokens):  # nothing new to feed: feed the last token again for its logits
+            self.rollback(state, len(tokens) - 1)
+        ids = tokens[self.llm.n_tokens:]
+        for _ in range(k):
+            with timer.phase("draft"):
+                logits = self._feed(ids).to(dec.device)
+            with timer.phase("sample"):
+                with timer.phase("softmax"):
+                    q = probs_from_logits(logits, dec.sampling)
+                if keep_drafting is not None and not keep_drafting(top := float(q.max())):
+                    cut = top
+                    break
+                token = sample(q, dec.generator, dec.sampling.greedy)
+            drafts.append(token)
+            q_rows.append(q)
+            ids = [int(token)]
+        if not drafts:
+            return Proposal(torch.zeros(0, dtype=torch.long, device=dec.device),
+                            torch.zeros(0, dec.vocab, device=dec.device), cut=cut is not None, cut_q=cut)
+        return Proposal(torch.stack(drafts), torch.stack(q_rows), cut=cut is not None, cut_q=cut)
+
+    def _feed(self, ids: list[int]) -> torch.Tensor:
+        """Append `ids` to llama.cpp's cache; the logits after the last one, float32 [V]: llama.cpp's own buffer
+        (llama-cpp-python keeps no score rows without logits_all), copied before the next decode overwrites it."""
+        import numpy as np
+
+        self.llm.eval(list(ids))
+        return torch.from_numpy(np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),)).copy())
+
+    def logits_along(self, tokens: list[int]) -> torch.Tensor:
+        """The logits after each of `tokens`, fed one at a time after what the cache holds (as propose feeds
+        them): [len(tokens), V], for the recorded distributions whatif replays (profiling/dists.py)."""
+        return torch.stack([self._feed([token]) for token in tokens])
+
+    def rollback(self, state, keep: int) -> None:
+        if self.llm.n_tokens > keep:
+            self.llm._ctx.kv_cache_seq_rm(-1, keep, -1)  # as llama-cpp-python's own generate() cuts a prefix
+            self.llm.n_tokens = keep
+
+    def keep_rows(self, state, base: int, rows: list[int]) -> None:
+        raise SpecviewError("llamacpp drafts chains only")
