@@ -69,7 +69,7 @@ $(LLAMACPP_STAMP): $(STAMP)
 
 bench-llamacpp: install $(LLAMACPP_STAMP)
 	.venv/bin/specview bench --peer llamacpp,hf --temperature 0 -N 48 --threads 1 --target smollm2-135m \
-		--draft smollm2-135m@int4,ngram $(ARGS)
+		--draft smollm2-135m@int4,ngram,llamacpp $(ARGS)
 
 # Prompt lookup where it shines: a chat prompt asking to copy a passage (K 8: a proposal costs nothing).
 bench-copy: install

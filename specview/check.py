@@ -24,7 +24,7 @@ from specview.engine import Decoder
 from specview.eval.prompts import load_prompts as load_prompt_file
 from specview.kvcache import crop_cache, new_cache
 from specview.sampling import probs_from_logits
-from specview.session import Session, check_context, encode_prompt, open_session
+from specview.session import Session, check_context, context_holders, encode_prompt, open_session
 from specview.settings import SamplingConfig, Settings
 from specview.stopping import Stop
 
@@ -198,7 +198,7 @@ def check_command(args) -> int:
         tok = session.target.tokenizer
         prompts = [encode_prompt(tok, text, settings.chat) for text in texts]
         for ids in prompts:
-            check_context([session.target] + [getattr(d, "lm", None) for d in session.drafters], len(ids),
+            check_context(context_holders(session.target, session.drafters), len(ids),
                           settings.max_new_tokens)
         s = settings
         console.print(f"specview check: target {s.target}, K {s.k}, temperature {s.temperature}, top-k "

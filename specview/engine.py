@@ -80,6 +80,8 @@ class Decoder:
             install_linears(lm.model)
         self.vocab = vocab_limit(self.target, lm)  # logits sliced to what both models and the tokenizer share
         limits = [m.context_len for m in (self.target, lm) if m is not None and m.context_len]
+        if lm is None and getattr(drafter, "context_len", None):  # a draft run elsewhere (llama.cpp): its own cache
+            limits.append(drafter.context_len)
         self.context_len = min(limits) if limits else None
 
     @property

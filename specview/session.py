@@ -110,8 +110,16 @@ def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
     return list(ids)
 
 
-def check_context(models: list[LoadedModel], prompt_len: int, max_new_tokens: int) -> None:
-    limits = [(m.context_len, m.spec) for m in models if m is not None and m.context_len]
+def context_holders(target, drafters) -> list:
+    """What bounds a run's positions: the target, each drafter's model, and a drafter with a cache of its own
+    (llama.cpp's; an n-gram drafter holds none and is passed over by check_context)."""
+    return [target] + [getattr(d, "lm", None) or d for d in drafters]
+
+
+def check_context(models: list, prompt_len: int, max_new_tokens: int) -> None:
+    """Prompt + N within the smallest context of the models (LoadedModels, or a drafter with a context of its own:
+    llama.cpp's cache; None and context-free drafters are passed over)."""
+    limits = [(m.context_len, m.spec) for m in models if getattr(m, "context_len", None)]
     if not limits:
         return
     limit, spec = min(limits)
@@ -155,7 +163,7 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
         say(msg)
 
     drafters = [build_drafter(spec, target, load_draft, prompt_ids, note) for spec, _ in zip(specs, kinds)]
-    check_context([target] + [getattr(d, "lm", None) for d in drafters], len(prompt_ids), settings.max_new_tokens)
+    check_context(context_holders(target, drafters), len(prompt_ids), settings.max_new_tokens)
     forwards = prepare_forwards([target] + [getattr(d, "lm", None) for d in drafters], settings.compile, say)
     return Session(settings, target, drafters, prompt_ids, device, time.perf_counter() - t0, notes, forwards)
 

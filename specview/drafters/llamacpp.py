@@ -58,9 +58,13 @@ class LlamaCppDrafter:
             raise SpecviewError(f"--draft {spec}: llama-cpp-python cannot load its library: {err}") from err
         threads = torch.get_num_threads()  # --threads, as every forward of the run
         self.spec, self.path = spec, path
+        # The positions its cache holds (the engine and the session's context check read it, as a model's): the
+        # target's context, at most MAX_CONTEXT (llama.cpp allocates the whole cache at start: 180 MB at 8192 for
+        # the bundled model)
+        self.context_len = min(context or MAX_CONTEXT, MAX_CONTEXT)
         try:
-            self.llm = Llama(model_path=path, n_ctx=min(context or MAX_CONTEXT, MAX_CONTEXT), n_batch=N_BATCH,
-                             n_threads=threads, n_threads_batch=threads, verbose=False)
+            self.llm = Llama(model_path=path, n_ctx=self.context_len, n_batch=N_BATCH, n_threads=threads,
+                             n_threads_batch=threads, verbose=False)
         except (ValueError, RuntimeError) as err:
             raise SpecviewError(f"--draft {spec}: llama.cpp cannot load {path}: {err}") from err
         if self.llm.n_vocab() != vocab:
@@ -100,7 +104,7 @@ class LlamaCppDrafter:
         ids = tokens[self.llm.n_tokens:]
         for _ in range(k):
             with timer.phase("draft"):
-                logits = self._feed(ids).to(dec.device)
+                logits = self._feed(ids)[: dec.vocab].to(dec.device)  # as dec.forward slices p
             with timer.phase("sample"):
                 with timer.phase("softmax"):
                     q = probs_from_logits(logits, dec.sampling)
@@ -118,21 +122,29 @@ class LlamaCppDrafter:
 
     def _feed(self, ids: list[int]) -> torch.Tensor:
         """Append `ids` to llama.cpp's cache; the logits after the last one, float32 [V]: llama.cpp's own buffer
-        (llama-cpp-python keeps no score rows without logits_all), copied before the next decode overwrites it."""
+        (llama-cpp-python keeps no score rows without logits_all), copied before the next decode overwrites it.
+        A decode that fails (past its context) is one line, not a traceback."""
+        import llama_cpp
         import numpy as np
 
-        self.llm.eval(list(ids))
-        return torch.from_numpy(np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),)).copy())
+        try:
+            self.llm.eval(list(ids))
+        except RuntimeError as err:
+            raise SpecviewError(f"--draft {self.spec}: llama.cpp failed to feed {len(ids)} token(s) at position "
+                                f"{self.llm.n_tokens}: {err}") from err
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self.llm.ctx), shape=(self.llm.n_vocab(),))
+        return torch.from_numpy(logits.copy())
 
     def logits_along(self, tokens: list[int]) -> torch.Tensor:
-        """The logits after each of `tokens`, fed one at a time after what the cache holds (as propose feeds
-        them): [len(tokens), V], for the recorded distributions whatif replays (profiling/dists.py)."""
+        """The logits after each of `tokens`, fed one at a time after what the cache holds (as propose feeds a
+        drafted token; a run's catch-up after a block accepted whole feeds two): [len(tokens), V], for the recorded
+        distributions whatif replays (profiling/dists.py)."""
         return torch.stack([self._feed([token]) for token in tokens])
 
     def rollback(self, state, keep: int) -> None:
-        if self.llm.n_tokens > keep:
-            self.llm._ctx.kv_cache_seq_rm(-1, keep, -1)  # as llama-cpp-python's own generate() cuts a prefix
-            self.llm.n_tokens = keep
+        """Forget positions past `keep`: Llama.eval removes every cached position from n_tokens on before it feeds,
+        as crop_cache drops a model draft's."""
+        self.llm.n_tokens = min(self.llm.n_tokens, keep)
 
     def keep_rows(self, state, base: int, rows: list[int]) -> None:
         raise SpecviewError("llamacpp drafts chains only")

@@ -95,14 +95,20 @@ def split_tree(spec: str) -> tuple[str, TreeShape | None]:
 def kind(spec: str) -> str:
     """'ngram', 'self', 'llamacpp' or 'model'; an unknown NAME:options kind is an error (a model spec has no ':'...
     except a Windows path, which specview does not run on). A ';tree' suffix is checked and set aside."""
-    spec, _ = split_tree(spec)
+    spec, shape = split_tree(spec)
     head, colon, _ = spec.partition(":")
+    if head == "llamacpp":
+        if shape is not None:
+            raise SpecviewError(f"--draft {quoted(spec)}: llamacpp drafts chains only (its cache is one sequence)")
+        if colon:
+            from specview.drafters.llamacpp import gguf_file
+
+            gguf_file(spec, "")  # a PATH that is no .gguf file fails here, before any load
+        return "llamacpp"
     if head == "ngram":
         return "ngram"
     if head == "self":
         return "self"
-    if head == "llamacpp":
-        return "llamacpp"
     if colon and not head.startswith((".", "/", "~")):
         raise SpecviewError(f"--draft {quoted(spec)}: unknown drafter kind {quoted(head)} (use a MODEL, ngram[:max=N,min=N], "
                             f"self:skip=LAYERS, self:auto or llamacpp[:PATH.gguf])")
@@ -124,8 +130,6 @@ def build(spec: str, target, load: Callable[[str], object], prompt_ids: list[int
     elif what == "self":
         drafter = _self_drafter(base, target, prompt_ids, say)
     elif what == "llamacpp":
-        if shape is not None:
-            raise SpecviewError(f"--draft {quoted(spec)}: llamacpp drafts chains only (its cache is one sequence)")
         from specview.drafters.llamacpp import LlamaCppDrafter, gguf_file
 
         return LlamaCppDrafter(base, gguf_file(base, target.spec), target.logits_dim, target.context_len)

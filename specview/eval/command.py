@@ -36,7 +36,7 @@ from specview.eval.document import (
 from specview.eval.prompts import BUILTIN, Prompt, load_prompts
 from specview.files import ensure_writable_dir, write_json_atomic
 from specview.policies import parse_policies
-from specview.session import check_context, encode_prompt, open_session
+from specview.session import check_context, context_holders, encode_prompt, open_session
 from specview.settings import Settings
 from specview.stopping import Stop
 
@@ -160,7 +160,7 @@ def warm_up(methods: list, prompt_ids: list[int] | None, settings: Settings, tim
 def encode(session, prompt: Prompt, chat: bool) -> list[int]:
     ids = encode_prompt(session.target.tokenizer, prompt.text, chat)
     try:
-        check_context([session.target] + [getattr(d, "lm", None) for d in session.drafters], len(ids),
+        check_context(context_holders(session.target, session.drafters), len(ids),
                       session.settings.max_new_tokens)
     except SpecviewError as err:
         raise SpecviewError(f"prompt {prompt.id} ({prompt.category}): {err}") from None

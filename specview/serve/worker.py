@@ -38,7 +38,7 @@ from specview.runner import start_event
 from specview.serve.hub import EventHub
 from specview.serve.metrics import ServeMetrics
 from specview.serve.schema import ApiError
-from specview.session import Session, check_context, encode_prompt
+from specview.session import Session, check_context, context_holders, encode_prompt
 from specview.stopping import Stop
 
 SHUTTING_DOWN = "the server is shutting down"
@@ -127,8 +127,7 @@ class EngineWorker:
         except SpecviewError as err:
             raise ApiError(422, str(err).replace("--chat", "chat").replace("give --prompt", "give a prompt"),
                            "chat" if settings.chat else "prompt") from None
-        draft_model = getattr(self.drafters[draft], "lm", None) if draft else None
-        models = [self.session.target, draft_model]
+        models = context_holders(self.session.target, [self.drafters[draft]] if draft else [])
         try:
             check_context(models, len(prompt_ids), settings.max_new_tokens)
         except SpecviewError as err:
