@@ -145,7 +145,9 @@ def _above_floor(fig: dict, bandwidth_gbs: float) -> str:
     measured, kernels.products_ms) or the operators between them."""
     products, weights = fig.get("products_ms"), fig.get("weight_bytes")
     if not machine.positive_number(products) or not machine.positive_number(weights):
-        return "(time not spent reading memory: the small operators between the matmuls, dispatch, Python)."
+        # Not timed apart (transformers' forward, a draft llama.cpp runs): the kernels cannot be told from the rest
+        return ("(time not spent reading memory: the matmuls' own arithmetic or the small operators between them, "
+                "dispatch, Python; the products were not timed apart for this forward).")
     rest = fig["ms"] - products
     rest = f"; the rest, {rest:.1f} ms, is the operators between them, dispatch, Python" if rest >= 0.05 else ""
     rate = weights / products / 1e6
