@@ -99,6 +99,12 @@ def candidates(dtype: torch.dtype) -> tuple[str, ...]:
         ("mlas",) if dtype == torch.float32 and mlas.available() else ())
 
 
+def label(kernel: str) -> str:
+    """A kernel as cache keys name it: MLAS with onnxruntime's version (another version, other kernels: measured
+    again)."""
+    return f"mlas {mlas.version()}" if kernel == "mlas" else kernel
+
+
 def chosen(dtype: torch.dtype, shape: tuple[int, int] = (2048, 2048), one_row: bool = True) -> str:
     """Which kernel runs this dtype and weight shape fastest here: not the same on every CPU. On a 2-vCPU Xeon
     with AMX a SmolLM2 forward ran 1.2x slower packed in float32, where on an AVX-512 EPYC it runs 1.3x (one
@@ -114,9 +120,8 @@ def probe_seconds(dtype: torch.dtype, shape: tuple[int, int]) -> dict[str, float
     in the cache folder (machine.py): every process on the machine then times the same kernels (two that each
     measured could choose differently under load)."""
     kernels = candidates(dtype)
-    named = [f"mlas {mlas.version()}" if kernel == "mlas" else kernel for kernel in kernels]  # another version: again
     key = (f"{machine.host_key()}/torch {torch.__version__}/{dtype}/{shape[0]}x{shape[1]}/threads={torch.get_num_threads()}"
-           f"/{PASSES}/{'+'.join(named)}")
+           f"/{PASSES}/{'+'.join(map(label, kernels))}")
     names = [f"{kernel}_{rows}" for kernel in kernels for rows in ("one", "rows")]
     cached = machine.read_cached(CHOICE_FILE)
     entry = cached.get(key)

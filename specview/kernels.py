@@ -193,8 +193,8 @@ def one_row_kernel(model, say=lambda msg: None) -> str:
     dtype, shape = weight.dtype, tuple(weight.shape)
     packed = fastlinear.kernel_for(dtype, shape)  # the copy a one-row product would read ("stock": none)
     kinds = ("reduce", "mm") + (("packed",) if packed != "stock" else ())
-    named = "+".join(kind if kind != "packed" else f"packed {packed} {mlas.version() if packed == 'mlas' else ''}".strip()
-                     for kind in kinds)  # another set of candidates (or onnxruntime): measured again
+    # another set of candidates (or onnxruntime's version): measured again
+    named = "+".join(kind if kind != "packed" else f"packed {fastlinear.label(packed)}" for kind in kinds)
     cached = machine.read_cached(CHOICE_FILE)
     key = (f"{machine.host_key()}/torch {torch.__version__}/threads={torch.get_num_threads()}/one_row/{dtype}/{shape}"
            f"/{named}")

@@ -74,7 +74,6 @@ class _Product:
         # B as the weight lies in memory: [out, in] (nn.Linear, transB) or [in, out] (GPT-2's Conv1D, a .t() view)
         transposed = not weight.is_contiguous() and weight.t().is_contiguous()
         self.array = (weight.t() if transposed else weight.contiguous()).detach().numpy()
-        self.out_features = weight.shape[0]
         options = ort.SessionOptions()
         # One thread, the caller's: a session's own pool would be N - 1 threads per weight (121 sessions a model:
         # thousands of threads on a many-core host), and one pool shared by every session ran a 2-thread verify of the

@@ -35,3 +35,31 @@ class Proposal:
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+
+def sample_chain(dec, next_logits, ids, k: int, keep_drafting=None) -> Proposal:
+    """Up to k tokens, each drawn from q after the same temperature / top-k / top-p as p: `next_logits(ids)` feeds
+    `ids` to the draft and gives the logits after the last one ([V]); each drawn token is fed back as a 1-element
+    tensor. p-min (`keep_drafting`) is judged on q alone (never on the target), before the token is drawn: one read
+    of the top probability per drafted token, only for the policies that ask for it."""
+    from specview.sampling import probs_from_logits, sample
+
+    timer = dec.timer
+    drafts, q_rows, cut = [], [], None  # cut: the refused top probability, when p-min stopped drafting
+    for _ in range(k):
+        with timer.phase("draft"):
+            logits = next_logits(ids)
+        with timer.phase("sample"):
+            with timer.phase("softmax"):
+                q = probs_from_logits(logits, dec.sampling)
+            if keep_drafting is not None and not keep_drafting(top := float(q.max())):
+                cut = top
+                break
+            token = sample(q, dec.generator, dec.sampling.greedy)
+        drafts.append(token)
+        q_rows.append(q)
+        ids = token.view(1)
+    if not drafts:
+        return Proposal(torch.zeros(0, dtype=torch.long, device=dec.device),
+                        torch.zeros(0, dec.vocab, device=dec.device), cut=cut is not None, cut_q=cut)
+    return Proposal(torch.stack(drafts), torch.stack(q_rows), cut=cut is not None, cut_q=cut)

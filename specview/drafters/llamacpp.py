@@ -22,9 +22,8 @@ import os
 
 import torch
 
-from specview.drafters.base import Proposal
+from specview.drafters.base import Proposal, sample_chain
 from specview.errors import SpecviewError, quoted
-from specview.sampling import probs_from_logits, sample
 
 NOT_INSTALLED = 'llama-cpp-python is not installed (pip install -e ".[llamacpp]" or make bench-llamacpp)'
 N_BATCH = 512  # tokens per llama.cpp batch when a prompt is fed
@@ -97,28 +96,13 @@ class LlamaCppDrafter:
     def propose(self, dec, state, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
         """k tokens, each drawn from llama.cpp's next-token logits after feeding the one before (first, whatever
         of the text the cache has not seen)."""
-        timer = dec.timer
-        drafts, q_rows, cut = [], [], None
         if self.llm.n_tokens >= len(tokens):  # nothing new to feed: feed the last token again for its logits
             self.rollback(state, len(tokens) - 1)
-        ids = tokens[self.llm.n_tokens:]
-        for _ in range(k):
-            with timer.phase("draft"):
-                logits = self._feed(ids)[: dec.vocab].to(dec.device)  # as dec.forward slices p
-            with timer.phase("sample"):
-                with timer.phase("softmax"):
-                    q = probs_from_logits(logits, dec.sampling)
-                if keep_drafting is not None and not keep_drafting(top := float(q.max())):
-                    cut = top
-                    break
-                token = sample(q, dec.generator, dec.sampling.greedy)
-            drafts.append(token)
-            q_rows.append(q)
-            ids = [int(token)]
-        if not drafts:
-            return Proposal(torch.zeros(0, dtype=torch.long, device=dec.device),
-                            torch.zeros(0, dec.vocab, device=dec.device), cut=cut is not None, cut_q=cut)
-        return Proposal(torch.stack(drafts), torch.stack(q_rows), cut=cut is not None, cut_q=cut)
+
+        def next_logits(ids) -> torch.Tensor:
+            return self._feed([int(t) for t in ids])[: dec.vocab].to(dec.device)  # as dec.forward slices p
+
+        return sample_chain(dec, next_logits, tokens[self.llm.n_tokens:], k, keep_drafting)
 
     def _feed(self, ids: list[int]) -> torch.Tensor:
         """Append `ids` to llama.cpp's cache; the logits after the last one, float32 [V]: llama.cpp's own buffer

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from specview.drafters.base import Proposal
+from specview.drafters.base import Proposal, sample_chain
 from specview.kvcache import crop_cache, keep_rows, new_cache
-from specview.sampling import probs_from_logits, sample
 
 
 class ModelDrafter:
@@ -24,28 +23,8 @@ class ModelDrafter:
     def propose(self, dec, cache, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
         """k tokens, each fed back without leaving the device. The cache may lag the tokens by more than
         one (this drafter sat out some steps of a multi-drafter session): one forward catches it up."""
-        timer = dec.timer
-        drafts, q_rows, cut = [], [], None  # cut: the refused top probability, when p-min stopped drafting
         ids: list[int] | torch.Tensor = tokens[cache.get_seq_length():]
-        for _ in range(k):
-            with timer.phase("draft"):
-                logits = dec.forward(self.lm, cache, ids, keep=1)[-1]
-            with timer.phase("sample"):
-                with timer.phase("softmax"):
-                    q = probs_from_logits(logits, dec.sampling)
-                # p-min: judged on q alone (never on the target), before the token is drawn; one read of
-                # the top probability per drafted token, only for the policies that ask for it.
-                if keep_drafting is not None and not keep_drafting(top := float(q.max())):
-                    cut = top
-                    break
-                token = sample(q, dec.generator, dec.sampling.greedy)
-            drafts.append(token)
-            q_rows.append(q)
-            ids = token.view(1)
-        if not drafts:
-            return Proposal(torch.zeros(0, dtype=torch.long, device=dec.device),
-                            torch.zeros(0, dec.vocab, device=dec.device), cut=cut is not None, cut_q=cut)
-        return Proposal(torch.stack(drafts), torch.stack(q_rows), cut=cut is not None, cut_q=cut)
+        return sample_chain(dec, lambda fed: dec.forward(self.lm, cache, fed, keep=1)[-1], ids, k, keep_drafting)
 
     def rollback(self, cache, keep: int) -> None:
         crop_cache(cache, keep)
