@@ -165,6 +165,26 @@ def head(h, norm_w, eps: float, w, gemv: str):
     return linear(rms_norm(h, norm_w, eps), w, gemv)
 
 
+def attend_one_row(q, k, v, keys, values, ends, scale: float):
+    """One row's attention over its layer's cache, after writing its key and value there. `ends` is a tensor whose
+    length is the cache's filled length after this row: a shape, so that a compiled graph keeps it symbolic (an
+    int would be compiled in as a constant) and one graph serves every position."""
+    end = ends.shape[0]
+    keys[:, :, end - 1:end] = k
+    values[:, :, end - 1:end] = v
+    return F.scaled_dot_product_attention(q.to(keys.dtype), keys[:, :, :end], values[:, :, :end], scale=scale,
+                                          enable_gqa=q.shape[1] != keys.shape[1])
+
+
+def layer(h, norm1, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int, keys, values, ends,
+          scale: float, o, norm2, gate_up, down, inter: int, gemv: str):
+    """A whole layer for one row, its cache write and attention inside: one call a layer instead of two calls, two
+    cache writes and an attention between them (about 1 ms of a 5 ms int4 draft forward, AVX-512 EPYC, 2 threads)."""
+    q, k, v = attn_in(h, norm1, eps, qkv, cos, sin, heads, kv_heads, head_dim, gemv)
+    attn = attend_one_row(q, k, v, keys, values, ends, scale)
+    return attn_out(h, attn, o, norm2, eps, gate_up, down, inter, gemv)
+
+
 class FastForward:
     """The fast forward of one model: its weights gathered once (q/k/v and gate/up fused into one matrix
     each: a copy, the same memory price as fastlinear's packed copy), its functions eager or compiled."""
@@ -219,6 +239,11 @@ class FastForward:
 
     def _layer_out(self, fns, h, attn, w, gemv):
         return fns.attn_out(h, attn, w["o"], w["norm2"], self.eps, w["gate_up"], w["down"], self.inter, gemv)
+
+    def _layer_one_row(self, fns, h, w, positional, gemv, keys, values, ends):
+        cos, sin = positional
+        return fns.layer(h, w["norm1"], self.eps, w["qkv"], cos, sin, self.heads, self.kv_heads, self.head_dim,
+                         keys, values, ends, self.scale, w["o"], w["norm2"], w["gate_up"], w["down"], self.inter, gemv)
 
     def _head(self, fns, h, gemv):
         return fns.head(h, self.final_norm, self.eps, self.lm_head, gemv)
@@ -281,6 +306,9 @@ class FastForward:
         positions = torch.arange(start, start + rows) if tree is None else tree[0]
         h, positional = self._embed(model, ids, positions)
         end = start + rows
+        # One row after the first position runs each layer as one function (layer()): `ends`' length is the
+        # attended length. A tree's node or the first token of a text (a graph of one position) take the split path.
+        ends = torch.empty(end, dtype=torch.bool) if rows == 1 and tree is None and end >= 2 else None
         mask = None
         if rows > 1:
             # Queries see every cached position and the new rows up to their own (a causal block at the end), or
@@ -289,6 +317,9 @@ class FastForward:
             allowed = torch.ones(rows, end, dtype=torch.bool).tril(start) if tree is None else tree[1]
             mask = torch.zeros(rows, end, dtype=self.kv_dtype).masked_fill_(~allowed, float("-inf"))
         for i, w in enumerate(self.layers):
+            if ends is not None:
+                h = self._layer_one_row(fns, h, w, positional, gemv, cache.keys[i], cache.values[i], ends)
+                continue
             q, k, v = self._layer_in(fns, h, w, positional, gemv)
             cache.keys[i][:, :, start:end] = k
             cache.values[i][:, :, start:end] = v
@@ -357,16 +388,23 @@ def _fuse_int4(modules):
 
 
 class _Fns:
-    def __init__(self, attn_in, attn_out, head):
-        self.attn_in, self.attn_out, self.head = attn_in, attn_out, head
+    """A family's functions: a layer in two halves around the attention (several rows: the mask is the caller's),
+    the head, and the whole layer of one row (`layer`; None among the compiled functions of several rows)."""
+
+    NAMES = ("attn_in", "attn_out", "head", "layer")
+
+    def __init__(self, attn_in, attn_out, head, layer):
+        self.attn_in, self.attn_out, self.head, self.layer = attn_in, attn_out, head, layer
 
 
-_EAGER = _Fns(attn_in, attn_out, head)
+_EAGER = _Fns(attn_in, attn_out, head, layer)
 _COMPILED: dict = {}  # (id of a family's eager functions, rows) -> their torch.compile'd versions
 
 
 # The arguments that count rows, by parameter name, in every family's functions: their rows stay symbolic.
 ROW_DIMS = {"h": 0, "attn": 2, "cos": 2, "sin": 2}
+# The one-row layer's symbolic sizes: the cache's capacity (it grows) and the attended length.
+LAYER_DIMS = {"keys": (2, "capacity"), "values": (2, "capacity"), "ends": (0, "end")}
 
 
 def _functions(backend: str, eager: _Fns, rows: bool = False) -> _Fns:
@@ -378,12 +416,13 @@ def _functions(backend: str, eager: _Fns, rows: bool = False) -> _Fns:
         return eager
     from specview import compiler
 
-    functions = (eager.attn_in, eager.attn_out, eager.head)
     if backend == "aot":
-        return _Fns(*(compiler.AotFunction(fn, ROW_DIMS if rows else None) for fn in functions))
+        halves = (compiler.AotFunction(fn, ROW_DIMS if rows else None) for fn in (eager.attn_in, eager.attn_out, eager.head))
+        return _Fns(*halves, None if rows else compiler.AotFunction(eager.layer, LAYER_DIMS))
     key = (id(eager), rows)
     if key not in _COMPILED:
-        _COMPILED[key] = _Fns(*(compiler.compile_fn(fn) for fn in functions))
+        functions = (eager.attn_in, eager.attn_out, eager.head, None if rows else eager.layer)
+        _COMPILED[key] = _Fns(*(fn and compiler.compile_fn(fn) for fn in functions))
     return _COMPILED[key]
 
 

@@ -135,8 +135,8 @@ def _how_built(runner) -> str:
     """'built ahead of time (loaded)' / '(built in 31.0 s)', or 'torch.compile': for --verbose and the profile."""
     if runner.backend != "aot":
         return "torch.compile"
-    functions = [getattr(fns, name) for fns in (runner.fns, runner.fns_rows) for name in ("attn_in", "attn_out", "head")]
-    states = sorted({fn.built for fn in functions if fn.built})
+    functions = [getattr(fns, name) for fns in (runner.fns, runner.fns_rows) for name in fastdecode._Fns.NAMES]
+    states = sorted({fn.built for fn in functions if fn is not None and fn.built})
     return f"built ahead of time ({', '.join(states) or 'not yet run'})"
 
 

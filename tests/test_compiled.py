@@ -79,6 +79,35 @@ def test_static_cache_crops_and_grows(small_llama_pair):
 
 
 @needs_compiler
+@pytest.mark.parametrize("aot", ["1", "0"])
+def test_the_one_row_layer_writes_the_cache_and_follows_it_as_it_grows(small_llama_pair, monkeypatch, aot):
+    """One row past the first position runs each layer as one compiled function that writes its key and value into
+    the cache itself (fastdecode.layer): the cache's capacity and the attended length are symbolic sizes of that
+    function, so one build serves every position, also after the cache grew under it."""
+    target, _ = small_llama_pair
+    monkeypatch.setenv("SPECVIEW_AOT", aot)
+    runner = fastdecode.FastForward(target.model, compiled=True, gemv="reduce")
+    cache = runner.new_cache()
+    cache.shape = (*cache.shape[:2], 4, cache.shape[3])  # a tiny capacity: the one-row steps grow it twice
+    cache.keys = [k[:, :, :4].clone() for k in cache.keys]
+    cache.values = [v[:, :, :4].clone() for v in cache.values]
+    ids = PROMPT + [2, 3, 4, 2, 4, 1, 7, 5, 6, 3]
+    rows = [runner(torch.tensor(ids[:2]), cache, 0)]
+    rows += [runner(torch.tensor([token]), cache, 1) for token in ids[2:]]
+    assert cache.get_seq_length() == len(ids) and cache.keys[0].shape[2] == 16
+    got, want = torch.cat(rows).float(), hf_logits(target, ids)
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+    layer = runner.fns.layer
+    if aot == "1":
+        assert layer.built is not None and layer.symbolic  # one package for every position and capacity
+    # what the layer wrote in place is what a prefill of the same ids writes
+    fresh = runner.new_cache()
+    runner(torch.tensor(ids), fresh, 1)
+    for mine, theirs in ((cache.keys, fresh.keys), (cache.values, fresh.values)):
+        assert all(torch.allclose(a[:, :, :len(ids)], b[:, :, :len(ids)], atol=1e-5) for a, b in zip(mine, theirs))
+
+
+@needs_compiler
 @pytest.mark.parametrize("k", [1, 3])
 def test_greedy_speculative_compiled_equals_greedy_autoregressive(small_llama_pair, k):
     target, draft = small_llama_pair
@@ -147,7 +176,9 @@ def test_ahead_of_time_packages_compute_the_same_and_a_second_model_loads_them(s
     assert torch.allclose(got, hf_logits(target, ids), atol=1e-4)
 
     def states(runner):
-        return [getattr(fns, name).built for fns in (runner.fns, runner.fns_rows) for name in ("attn_in", "attn_out", "head")]
+        # what these steps run: one row past the first position is one layer function, several rows the halves
+        return [fn.built for fn in (runner.fns.layer, runner.fns.head, runner.fns_rows.attn_in,
+                                    runner.fns_rows.attn_out, runner.fns_rows.head)]
 
     assert all(state.startswith("built in") for state in states(first))
     second = fastdecode.FastForward(target.model, compiled=True, gemv="reduce")
