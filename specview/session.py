@@ -152,11 +152,14 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
     prompt_ids = encode_prompt(target.tokenizer, settings.prompt, settings.chat)
     notes: list[str] = []
 
+    drafts: dict[str, LoadedModel] = {}  # spec -> its model: drafters of one spec (a chain and a tree) share it
+
     def load_draft(spec: str) -> LoadedModel:
-        say(f"loading draft {spec}")
-        draft = load_model(spec, device, loaded, cache=settings.cache, on_progress=say)
-        check_same_vocab(target, draft)
-        return draft
+        if spec not in drafts:
+            say(f"loading draft {spec}")
+            drafts[spec] = load_model(spec, device, loaded, cache=settings.cache, on_progress=say)
+            check_same_vocab(target, drafts[spec])
+        return drafts[spec]
 
     def note(msg: str) -> None:
         notes.append(msg)
@@ -175,9 +178,11 @@ def prepare_forwards(models: list, mode: str, say: Callable[[str], None]) -> dic
     from specview.profiling.render import describe_forward
 
     chosen: dict = {}
+    prepared: set[int] = set()  # every model object: one left out would run transformers' forward unnoticed
     for lm in models:
-        if lm is None or lm.spec in chosen or not isinstance(lm.model, torch.nn.Module) or hasattr(lm.model, "new_cache"):
+        if lm is None or id(lm.model) in prepared or not isinstance(lm.model, torch.nn.Module) or hasattr(lm.model, "new_cache"):
             continue
+        prepared.add(id(lm.model))
         chosen[lm.spec] = kernels.prepare(lm, mode, say).to_json()
         say(describe_forward(lm.spec, chosen[lm.spec]))
     return chosen

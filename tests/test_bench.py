@@ -308,3 +308,19 @@ def test_bench_times_a_list_of_policies_side_by_side(capsys, models, tmp_path):
 def test_a_bad_policy_list_is_one_line(capsys, argv, needle):
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_drafters_of_one_spec_share_its_model_and_every_model_is_prepared(gpt2_paths, monkeypatch):
+    """A chain and a tree of the same draft (bench's side-by-side) run one model: a second copy was never given its
+    forward (kernels.prepare went by spec), so the second drafter ran transformers' forward at 2-3x the cost."""
+    from specview import kernels
+
+    prepared = []
+    real_prepare = kernels.prepare
+    monkeypatch.setattr(kernels, "prepare", lambda lm, mode, say=None: prepared.append(lm.model) or real_prepare(lm, mode))
+    target, draft = gpt2_paths
+    spec = f"{draft}@bfloat16"  # a derived model (a cast copy, like an @int4 copy): made anew by each load
+    session = _session((target, f"{spec},{spec};tree:b=2,d=2"))
+    models = [d.lm.model for d in session.drafters]
+    assert len(models) == 2 and models[0] is models[1]
+    assert {id(m) for m in prepared} == {id(session.target.model), id(models[0])} and len(prepared) == 2
