@@ -105,24 +105,32 @@ def _template(args):
 
 
 MAX_ROWS = 1 << 16  # the most rows a function of several rows is built for (a prefill of the longest context)
-MAX_POSITIONS = 1 << 22  # the longest cache a one-row layer is built for
+MAX_POSITIONS = 1 << 22  # the longest cache a whole layer is built for
 
 
-def _named(dim):
-    """A row dimension as (dimension, size name): a bare dimension counts "rows"."""
-    return None if dim is None else (dim, "rows") if isinstance(dim, int) else tuple(dim)
+def _named(dims) -> tuple:
+    """An argument's symbolic dimensions as ((dimension, size name), ...): none (None), a bare dimension (it counts
+    "rows"), one (dimension, name), or a list of them (an attention mask: its rows and its attended length)."""
+    if dims is None:
+        return ()
+    if isinstance(dims, int):
+        return ((dims, "rows"),)
+    if isinstance(dims, tuple):
+        return (dims,)
+    return tuple(pair for d in dims for pair in _named(d))
 
 
 def _signature(args, row_dims=()) -> str:
     """Everything a build depends on in the arguments: each tensor's shape, stride and dtype, every other value.
-    `row_dims` (one per argument: the dimension that counts rows, or None) are left out: they stay symbolic."""
-    row_dims = tuple(_named(d) for d in row_dims) + (None,) * (len(args) - len(row_dims))
+    `row_dims` (one per argument, as _named gives them) are left out: they stay symbolic."""
+    row_dims = tuple(row_dims) + ((),) * (len(args) - len(row_dims))
 
-    def shape(a, dim):
-        return tuple(dim[1] if dim is not None and i == dim[0] else size for i, size in enumerate(a.shape))
+    def shape(a, dims):
+        names = dict(dims)
+        return tuple(names.get(i, size) for i, size in enumerate(a.shape))
 
-    def stride(a, dim):  # a stride that is a multiple of the rows is symbolic too
-        return tuple(dim[1] if dim is not None and i < dim[0] else step for i, step in enumerate(a.stride()))
+    def stride(a, dims):  # a stride that is a multiple of a symbolic size is symbolic too
+        return tuple("symbolic" if any(d > i for d, _ in dims) else step for i, step in enumerate(a.stride()))
 
     return repr(tuple((shape(a, dim), stride(a, dim), str(a.dtype)) if isinstance(a, torch.Tensor)
                       else _signature(a) if isinstance(a, tuple) else a for a, dim in zip(args, row_dims)))
@@ -141,7 +149,7 @@ def _dynamic_shapes(args, row_dims) -> tuple:
     out = []
     for a, dim in zip(args, row_dims):
         if isinstance(a, torch.Tensor):
-            out.append(None if dim is None else {dim[0]: size(dim[1])})
+            out.append({d: size(name) for d, name in dim} or None)
         elif isinstance(a, tuple):
             out.extend([None] * len(_tensors(a, [])))
     return tuple(out)
@@ -168,16 +176,16 @@ class AotFunction:
     signature only: its caller (fastdecode's forward of one model) passes arguments of the same shapes, dtypes
     and constants every time, so no call is checked. With `rows` ({parameter name: dimension}), the rows of
     those arguments stay symbolic: one package serves every row count from 2 up (a verify, a prefill); a
-    dimension given as (dimension, name) is a symbolic size of that name (the one-row layer's cache capacity and
-    attended length), the same size wherever the name recurs. Loaded
+    dimension given as (dimension, name) is a symbolic size of that name (a whole layer's cache capacity and
+    attended length), the same size wherever the name recurs; a list gives an argument several. Loaded
     from the package cache when an earlier process built it; `built` says which ("loaded" or "built in N s")."""
 
     def __init__(self, fn, rows: dict[str, int | tuple[int, str]] | None = None):
         self.fn = fn
         names = list(inspect.signature(fn).parameters)
-        # per argument: None, or (dimension, name of its size); arguments that share a name share their size
+        # per argument: its ((dimension, name of its size), ...); arguments that share a name share their size
         self.row_dims = tuple(_named((rows or {}).get(name)) for name in names)
-        self.symbolic = any(dim is not None for dim in self.row_dims)
+        self.symbolic = any(self.row_dims)
         self.run = None
         self.unflatten = None
         self.built: str | None = None
@@ -186,7 +194,7 @@ class AotFunction:
     def __call__(self, *args):
         if self.symbolic:  # the build saw these rows contiguous; the attention's output need not be (its kernel's layout)
             # (.contiguous() of a contiguous tensor is that tensor: a cache the layer writes in place stays the caller's)
-            args = tuple(a.contiguous() if dim is not None else a for a, dim in zip(args, self.row_dims))
+            args = tuple(a.contiguous() if dims and a is not None else a for a, dims in zip(args, self.row_dims))
         tensors = self._flatten(args)
         if self.run is None:
             self._load_or_build(args, tensors)

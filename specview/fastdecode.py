@@ -165,23 +165,24 @@ def head(h, norm_w, eps: float, w, gemv: str):
     return linear(rms_norm(h, norm_w, eps), w, gemv)
 
 
-def attend_one_row(q, k, v, keys, values, ends, scale: float):
-    """One row's attention over its layer's cache, after writing its key and value there. `ends` is a tensor whose
-    length is the cache's filled length after this row: a shape, so that a compiled graph keeps it symbolic (an
-    int would be compiled in as a constant) and one graph serves every position."""
-    end = ends.shape[0]
-    keys[:, :, end - 1:end] = k
-    values[:, :, end - 1:end] = v
-    return F.scaled_dot_product_attention(q.to(keys.dtype), keys[:, :, :end], values[:, :, :end], scale=scale,
-                                          enable_gqa=q.shape[1] != keys.shape[1])
+def attend(q, k, v, keys, values, ends, mask, scale: float):
+    """The attention of a layer's new rows over its cache, after writing their keys and values there. `ends` is a
+    tensor whose length is the cache's filled length after these rows: a shape, so that a compiled graph keeps it
+    symbolic (an int would be compiled in as a constant) and one graph serves every position. `mask` (several
+    rows: additive, [rows, end]) says what each row sees; one row sees the whole prefix (None)."""
+    end, rows = ends.shape[0], q.shape[2]
+    keys[:, :, end - rows:end] = k
+    values[:, :, end - rows:end] = v
+    return F.scaled_dot_product_attention(q.to(keys.dtype), keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+                                          scale=scale, enable_gqa=q.shape[1] != keys.shape[1])
 
 
-def layer(h, norm1, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int, keys, values, ends,
+def layer(h, norm1, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int, keys, values, ends, mask,
           scale: float, o, norm2, gate_up, down, inter: int, gemv: str):
-    """A whole layer for one row, its cache write and attention inside: one call a layer instead of two calls, two
-    cache writes and an attention between them (about 1 ms of a 5 ms int4 draft forward, AVX-512 EPYC, 2 threads)."""
+    """A whole layer, its cache write and attention inside: one call a layer instead of two calls, two cache writes
+    and an attention between them (about 1 ms of a 5 ms int4 draft forward, AVX-512 EPYC, 2 threads)."""
     q, k, v = attn_in(h, norm1, eps, qkv, cos, sin, heads, kv_heads, head_dim, gemv)
-    attn = attend_one_row(q, k, v, keys, values, ends, scale)
+    attn = attend(q, k, v, keys, values, ends, mask, scale)
     return attn_out(h, attn, o, norm2, eps, gate_up, down, inter, gemv)
 
 
@@ -240,10 +241,11 @@ class FastForward:
     def _layer_out(self, fns, h, attn, w, gemv):
         return fns.attn_out(h, attn, w["o"], w["norm2"], self.eps, w["gate_up"], w["down"], self.inter, gemv)
 
-    def _layer_one_row(self, fns, h, w, positional, gemv, keys, values, ends):
+    def _layer_whole(self, fns, h, w, positional, gemv, keys, values, ends, mask):
         cos, sin = positional
         return fns.layer(h, w["norm1"], self.eps, w["qkv"], cos, sin, self.heads, self.kv_heads, self.head_dim,
-                         keys, values, ends, self.scale, w["o"], w["norm2"], w["gate_up"], w["down"], self.inter, gemv)
+                         keys, values, ends, mask, self.scale, w["o"], w["norm2"], w["gate_up"], w["down"], self.inter,
+                         gemv)
 
     def _head(self, fns, h, gemv):
         return fns.head(h, self.final_norm, self.eps, self.lm_head, gemv)
@@ -306,9 +308,12 @@ class FastForward:
         positions = torch.arange(start, start + rows) if tree is None else tree[0]
         h, positional = self._embed(model, ids, positions)
         end = start + rows
-        # One row after the first position runs each layer as one function (layer()): `ends`' length is the
-        # attended length. A tree's node or the first token of a text (a graph of one position) take the split path.
-        ends = torch.empty(end, dtype=torch.bool) if rows == 1 and tree is None and end >= 2 else None
+        # Each layer runs as one function (layer()) once the cache holds something: one row of a chain, or several
+        # rows after a prefix (a verify, a tree's level, a draft's catch-up); `ends`' length is the attended length.
+        # A text's first rows (a prefill from nothing: as many rows as positions) and a tree's lone node (one row
+        # with a mask) take the two halves around an eager attention.
+        whole = start > 0 and (rows > 1 or tree is None)
+        ends = torch.empty(end, dtype=torch.bool) if whole else None
         mask = None
         if rows > 1:
             # Queries see every cached position and the new rows up to their own (a causal block at the end), or
@@ -318,7 +323,7 @@ class FastForward:
             mask = torch.zeros(rows, end, dtype=self.kv_dtype).masked_fill_(~allowed, float("-inf"))
         for i, w in enumerate(self.layers):
             if ends is not None:
-                h = self._layer_one_row(fns, h, w, positional, gemv, cache.keys[i], cache.values[i], ends)
+                h = self._layer_whole(fns, h, w, positional, gemv, cache.keys[i], cache.values[i], ends, mask)
                 continue
             q, k, v = self._layer_in(fns, h, w, positional, gemv)
             cache.keys[i][:, :, start:end] = k
@@ -388,8 +393,8 @@ def _fuse_int4(modules):
 
 
 class _Fns:
-    """A family's functions: a layer in two halves around the attention (several rows: the mask is the caller's),
-    the head, and the whole layer of one row (`layer`; None among the compiled functions of several rows)."""
+    """A family's functions: a layer in two halves around the attention, the head, and the whole layer (`layer`:
+    the halves with the cache write and attention between them)."""
 
     NAMES = ("attn_in", "attn_out", "head", "layer")
 
@@ -403,8 +408,9 @@ _COMPILED: dict = {}  # (id of a family's eager functions, rows) -> their torch.
 
 # The arguments that count rows, by parameter name, in every family's functions: their rows stay symbolic.
 ROW_DIMS = {"h": 0, "attn": 2, "cos": 2, "sin": 2}
-# The one-row layer's symbolic sizes: the cache's capacity (it grows) and the attended length.
+# A whole layer's symbolic sizes: the cache's capacity (it grows) and the attended length; several rows add theirs.
 LAYER_DIMS = {"keys": (2, "capacity"), "values": (2, "capacity"), "ends": (0, "end")}
+LAYER_ROWS_DIMS = {**ROW_DIMS, **LAYER_DIMS, "mask": [(0, "rows"), (1, "end")]}
 
 
 def _functions(backend: str, eager: _Fns, rows: bool = False) -> _Fns:
@@ -418,11 +424,10 @@ def _functions(backend: str, eager: _Fns, rows: bool = False) -> _Fns:
 
     if backend == "aot":
         halves = (compiler.AotFunction(fn, ROW_DIMS if rows else None) for fn in (eager.attn_in, eager.attn_out, eager.head))
-        return _Fns(*halves, None if rows else compiler.AotFunction(eager.layer, LAYER_DIMS))
+        return _Fns(*halves, compiler.AotFunction(eager.layer, LAYER_ROWS_DIMS if rows else LAYER_DIMS))
     key = (id(eager), rows)
     if key not in _COMPILED:
-        functions = (eager.attn_in, eager.attn_out, eager.head, None if rows else eager.layer)
-        _COMPILED[key] = _Fns(*(fn and compiler.compile_fn(fn) for fn in functions))
+        _COMPILED[key] = _Fns(*(compiler.compile_fn(fn) for fn in (eager.attn_in, eager.attn_out, eager.head, eager.layer)))
     return _COMPILED[key]
 
 

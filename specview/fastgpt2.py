@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specview.fastdecode import FastForward, _dense, _Fns, _weight, attend_one_row, linear
+from specview.fastdecode import FastForward, _dense, _Fns, _weight, attend, linear
 
 ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
 
@@ -52,11 +52,11 @@ def head(h, ln_w, ln_b, eps: float, w, gemv: str):
     return linear(F.layer_norm(h, (h.shape[-1],), ln_w, ln_b, eps), w, gemv)
 
 
-def layer(h, ln1_w, ln1_b, eps: float, qkv, heads: int, head_dim: int, keys, values, ends, scale: float, o, ln2_w,
-          ln2_b, fc, proj, approximate: str, gemv: str):
-    """A whole block for one row (fastdecode.layer: the cache write and attention inside)."""
+def layer(h, ln1_w, ln1_b, eps: float, qkv, heads: int, head_dim: int, keys, values, ends, mask, scale: float, o,
+          ln2_w, ln2_b, fc, proj, approximate: str, gemv: str):
+    """A whole block (fastdecode.layer: the cache write and attention inside)."""
     q, k, v = attn_in(h, ln1_w, ln1_b, eps, qkv, heads, head_dim, gemv)
-    attn = attend_one_row(q, k, v, keys, values, ends, scale)
+    attn = attend(q, k, v, keys, values, ends, mask, scale)
     return attn_out(h, attn, o, ln2_w, ln2_b, eps, fc, proj, approximate, gemv)
 
 
@@ -104,9 +104,9 @@ class GPT2Forward(FastForward):
     def _layer_out(self, fns, h, attn, w, gemv):
         return fns.attn_out(h, attn, w["o"], *w["ln2"], self.eps, w["fc"], w["proj"], self.approximate, gemv)
 
-    def _layer_one_row(self, fns, h, w, positional, gemv, keys, values, ends):
-        return fns.layer(h, *w["ln1"], self.eps, w["qkv"], self.heads, self.head_dim, keys, values, ends, self.scale,
-                         w["o"], *w["ln2"], w["fc"], w["proj"], self.approximate, gemv)
+    def _layer_whole(self, fns, h, w, positional, gemv, keys, values, ends, mask):
+        return fns.layer(h, *w["ln1"], self.eps, w["qkv"], self.heads, self.head_dim, keys, values, ends, mask,
+                         self.scale, w["o"], *w["ln2"], w["fc"], w["proj"], self.approximate, gemv)
 
     def _head(self, fns, h, gemv):
         return fns.head(h, *self.final_norm, self.eps, self.lm_head, gemv)

@@ -162,12 +162,14 @@ def test_compiled_law_test_has_power(compiled_pair, monkeypatch):
 
 
 @needs_compiler
-def test_ahead_of_time_packages_compute_the_same_and_a_second_model_loads_them(small_llama_pair, monkeypatch):
+def test_ahead_of_time_packages_compute_the_same_and_a_second_model_loads_them(small_llama_pair, monkeypatch,
+                                                                              tmp_path):
     """The default compiled backend (compiler.AotFunction): the functions of one row and of several exported and
     built once for this model's shapes (the rows symbolic: one package for a prefill of 4 and verifies of 3 and
     2), then loaded from the package cache by the next runner, with the same numbers."""
     target, _ = small_llama_pair
     monkeypatch.setenv("SPECVIEW_AOT", "1")
+    monkeypatch.setattr(compiler, "aot_dir", lambda: str(tmp_path))  # none built by another test of this model
     first = fastdecode.FastForward(target.model, compiled=True, gemv="reduce")
     assert first.backend == "aot"
     ids = PROMPT + [2, 3, 4, 2]
@@ -176,9 +178,9 @@ def test_ahead_of_time_packages_compute_the_same_and_a_second_model_loads_them(s
     assert torch.allclose(got, hf_logits(target, ids), atol=1e-4)
 
     def states(runner):
-        # what these steps run: one row past the first position is one layer function, several rows the halves
+        # what these steps run: a prefill from nothing the halves, then whole layers of one row and of several
         return [fn.built for fn in (runner.fns.layer, runner.fns.head, runner.fns_rows.attn_in,
-                                    runner.fns_rows.attn_out, runner.fns_rows.head)]
+                                    runner.fns_rows.attn_out, runner.fns_rows.layer, runner.fns_rows.head)]
 
     assert all(state.startswith("built in") for state in states(first))
     second = fastdecode.FastForward(target.model, compiled=True, gemv="reduce")

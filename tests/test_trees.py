@@ -10,7 +10,7 @@ import torch
 from test_lossless import CASES, N_TOKENS, exact_joint, tv, tv_threshold
 
 import specview.engine as engine
-from specview import fastdecode, kernels, trees
+from specview import compiler, fastdecode, kernels, trees
 from specview.drafters.model import ModelDrafter
 from specview.drafters.ngram import NgramDrafter
 from specview.drafters.specs import kind, split_specs, split_tree
@@ -42,13 +42,18 @@ def path_of(node: int) -> list[int]:
     return out[::-1]
 
 
-@pytest.mark.parametrize("forward", ["transformers", "fastdecode"])
-def test_one_forward_over_the_tree_gives_each_path_its_logits(loaded_pair, forward):
+@pytest.mark.parametrize("forward", ["transformers", "fastdecode",
+                                     pytest.param("compiled", marks=pytest.mark.skipif(
+                                         compiler.unavailable_reason() is not None, reason="cannot compile here"))])
+def test_one_forward_over_the_tree_gives_each_path_its_logits(loaded_pair, forward, monkeypatch):
+    """`compiled`: the whole-layer function of several rows built ahead of time, its mask [rows, end] symbolic in
+    both sizes, the one the default backend runs for a tree's verify."""
     target, _ = loaded_pair
-    if forward == "fastdecode":  # the Llama family's forward, or fastgpt2's: the same loop, positions and mask
+    if forward != "transformers":  # the Llama family's forward, or fastgpt2's: the same loop, positions and mask
         family, reason = kernels._family(target.model)
         assert reason is None, reason
-        fastdecode.install(target.model, compiled=False, family=family)
+        monkeypatch.setenv("SPECVIEW_AOT", "1")
+        fastdecode.install(target.model, compiled=forward == "compiled", family=family)
     try:
         dec = Decoder(target, None, SamplingConfig(temperature=0))
         cache = new_cache(target)
