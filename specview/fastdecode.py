@@ -314,6 +314,10 @@ class FastForward:
         # with a mask) take the two halves around an eager attention.
         whole = start > 0 and (rows > 1 or tree is None)
         ends = torch.empty(end, dtype=torch.bool) if whole else None
+        if rows == 1 and not whole and self.compiled:
+            # Rare (a text from BOS alone, a tree level of one node): uncompiled, so that no package is built for it
+            # in the middle of a timed step (about 10 s the first time on a machine)
+            fns, gemv = self._eager_functions(), "mm"
         mask = None
         if rows > 1:
             # Queries see every cached position and the new rows up to their own (a causal block at the end), or
