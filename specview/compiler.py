@@ -180,11 +180,17 @@ class AotFunction:
     attended length), the same size wherever the name recurs; a list gives an argument several. Loaded
     from the package cache when an earlier process built it; `built` says which ("loaded" or "built in N s")."""
 
-    def __init__(self, fn, rows: dict[str, int | tuple[int, str]] | None = None):
+    def __init__(self, fn, rows: dict[str, int | tuple[int, str]] | None = None, written: tuple[str, ...] = (),
+                 sources: tuple[str, ...] = ()):
+        """`written`: the arguments `fn` writes in place (a layer's cache buffers): passed as they are, never a
+        contiguous copy, which would take the write with it. `sources`: files besides fn's own whose code it runs
+        (a package built from older code must not be loaded)."""
         self.fn = fn
+        self.sources = sources
         names = list(inspect.signature(fn).parameters)
         # per argument: its ((dimension, name of its size), ...); arguments that share a name share their size
         self.row_dims = tuple(_named((rows or {}).get(name)) for name in names)
+        self.written = tuple(name in written for name in names)
         self.symbolic = any(self.row_dims)
         self.run = None
         self.unflatten = None
@@ -193,8 +199,8 @@ class AotFunction:
 
     def __call__(self, *args):
         if self.symbolic:  # the build saw these rows contiguous; the attention's output need not be (its kernel's layout)
-            # (.contiguous() of a contiguous tensor is that tensor: a cache the layer writes in place stays the caller's)
-            args = tuple(a.contiguous() if dims and a is not None else a for a, dims in zip(args, self.row_dims))
+            args = tuple(_written(a) if written else a.contiguous() if dims and a is not None else a
+                         for a, dims, written in zip(args, self.row_dims, self.written))
         tensors = self._flatten(args)
         if self.run is None:
             self._load_or_build(args, tensors)
@@ -222,6 +228,8 @@ class AotFunction:
 
         parts = [self.fn.__qualname__, _signature(args, self.row_dims), torch.__version__, machine.host_key(),
                  str(torch.get_num_threads()), _source_digest(inspect.getsourcefile(self.fn))]
+        # what else the function runs (another module's helpers), and this file's rules for the build
+        parts += [_source_digest(path) for path in (*self.sources, __file__)]
         key = hashlib.sha256("\n".join(parts).encode())
         kind = "-rows" if self.symbolic else ""
         path = os.path.join(aot_dir(), f"{self.fn.__name__}{kind}-{key.hexdigest()[:24]}.pt2")
@@ -250,6 +258,13 @@ class AotFunction:
         else:
             self.unflatten = lambda flat: _pytree.tree_unflatten(flat, out_spec)
         self.run = loader.run
+
+
+def _written(a):
+    """An argument written in place must be the caller's tensor, laid out as the build saw it (contiguous)."""
+    if not a.is_contiguous():
+        raise ValueError(f"a buffer written in place must be contiguous, got strides {a.stride()} for {tuple(a.shape)}")
+    return a
 
 
 @functools.cache

@@ -308,15 +308,15 @@ class FastForward:
         positions = torch.arange(start, start + rows) if tree is None else tree[0]
         h, positional = self._embed(model, ids, positions)
         end = start + rows
-        # Each layer runs as one function (layer()) once the cache holds something: one row of a chain, or several
-        # rows after a prefix (a verify, a tree's level, a draft's catch-up); `ends`' length is the attended length.
-        # A text's first rows (a prefill from nothing: as many rows as positions) and a tree's lone node (one row
-        # with a mask) take the two halves around an eager attention.
-        whole = start > 0 and (rows > 1 or tree is None)
-        ends = torch.empty(end, dtype=torch.bool) if whole else None
-        if rows == 1 and not whole and self.compiled:
-            # Rare (a text from BOS alone, a tree level of one node): uncompiled, so that no package is built for it
-            # in the middle of a timed step (about 10 s the first time on a machine)
+        # Each layer runs as one function (layer()) once the cache holds something: one row, or several rows after
+        # a prefix (a verify, a tree's level, a draft's catch-up); `ends`' length is the attended length. (One row
+        # needs no mask, a tree's too: a level of one node comes after levels of one node, all its ancestors.)
+        # A text's first rows (a prefill from nothing: the rows equal the attended length, which export would fix)
+        # take the two halves around an eager attention.
+        ends = torch.empty(end, dtype=torch.bool) if start > 0 else None
+        if rows == 1 and start == 0 and self.compiled:
+            # Rare (a text from BOS alone): uncompiled, so that no package is built for it in the middle of a timed
+            # step (about 10 s the first time on a machine)
             fns, gemv = self._eager_functions(), "mm"
         mask = None
         if rows > 1:
@@ -427,8 +427,11 @@ def _functions(backend: str, eager: _Fns, rows: bool = False) -> _Fns:
     from specview import compiler
 
     if backend == "aot":
-        halves = (compiler.AotFunction(fn, ROW_DIMS if rows else None) for fn in (eager.attn_in, eager.attn_out, eager.head))
-        return _Fns(*halves, compiler.AotFunction(eager.layer, LAYER_ROWS_DIMS if rows else LAYER_DIMS))
+        here = (__file__,)  # another family's functions (fastgpt2) call this file's linear and attend
+        halves = (compiler.AotFunction(fn, ROW_DIMS if rows else None, sources=here)
+                  for fn in (eager.attn_in, eager.attn_out, eager.head))
+        return _Fns(*halves, compiler.AotFunction(eager.layer, LAYER_ROWS_DIMS if rows else LAYER_DIMS,
+                                                  written=("keys", "values"), sources=here))
     key = (id(eager), rows)
     if key not in _COMPILED:
         _COMPILED[key] = _Fns(*(compiler.compile_fn(fn) for fn in (eager.attn_in, eager.attn_out, eager.head, eager.layer)))

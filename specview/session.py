@@ -178,12 +178,13 @@ def prepare_forwards(models: list, mode: str, say: Callable[[str], None]) -> dic
     from specview.profiling.render import describe_forward
 
     chosen: dict = {}
-    prepared: set[int] = set()  # every model object: one left out would run transformers' forward unnoticed
+    prepared: dict[int, dict] = {}  # by model object: one left out would run transformers' forward unnoticed
     for lm in models:
-        if lm is None or id(lm.model) in prepared or not isinstance(lm.model, torch.nn.Module) or hasattr(lm.model, "new_cache"):
+        if lm is None or not isinstance(lm.model, torch.nn.Module) or hasattr(lm.model, "new_cache"):
             continue
-        prepared.add(id(lm.model))
-        chosen[lm.spec] = kernels.prepare(lm, mode, say).to_json()
-        say(describe_forward(lm.spec, chosen[lm.spec]))
+        if id(lm.model) not in prepared:  # (two specs may name one object: `X` and `X@float32` of a float32 X)
+            prepared[id(lm.model)] = kernels.prepare(lm, mode, say).to_json()
+            say(describe_forward(lm.spec, prepared[id(lm.model)]))
+        chosen[lm.spec] = prepared[id(lm.model)]
     return chosen
 

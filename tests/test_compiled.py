@@ -333,3 +333,23 @@ def test_the_products_of_a_forward_are_timed_alone_once_per_machine(small_llama_
         assert kernels.products_ms(target.model, (7,)) is None
     finally:
         fastdecode.uninstall(target.model)
+
+
+def _bump(x, buffer):
+    buffer.add_(x)
+    return x * 2
+
+
+@needs_compiler
+def test_a_buffer_written_in_place_reaches_the_caller_and_a_copy_is_refused(monkeypatch, tmp_path):
+    """A compiled function that writes an argument in place (a layer's cache) gets the caller's tensor itself:
+    a contiguous copy of a strided buffer would take the write with it, so such a buffer is refused."""
+    monkeypatch.setattr(compiler, "aot_dir", lambda: str(tmp_path))
+    fn = compiler.AotFunction(_bump, {"x": (0, "n"), "buffer": (0, "n")}, written=("buffer",))
+    with pytest.raises(ValueError, match="must be contiguous"):
+        fn(torch.ones(3), torch.zeros(3, 2)[:, 0])
+    buffer = torch.zeros(4)
+    assert torch.equal(fn(torch.ones(4), buffer), torch.full((4,), 2.0))
+    assert torch.equal(buffer, torch.ones(4)) and fn.built.startswith("built in")
+    fn(torch.ones(5), bigger := torch.ones(5))  # the size is symbolic: the same package, the caller's tensor written
+    assert torch.equal(bigger, torch.full((5,), 2.0))
