@@ -20,11 +20,12 @@ import torch
 from rich.console import Console
 
 from specview.check_report import passed, print_distribution, print_greedy, summary_line
+from specview.drafters.base import context_holders
 from specview.engine import Decoder
 from specview.eval.prompts import load_prompts as load_prompt_file
 from specview.kvcache import crop_cache, new_cache
 from specview.sampling import probs_from_logits
-from specview.session import Session, check_context, context_holders, encode_prompt, open_session
+from specview.session import Session, check_context, encode_prompt, open_session
 from specview.settings import SamplingConfig, Settings
 from specview.stopping import Stop
 

@@ -199,7 +199,7 @@ class AotFunction:
 
     def __call__(self, *args):
         if self.symbolic:  # the build saw these rows contiguous; the attention's output need not be (its kernel's layout)
-            args = tuple(_written(a) if written else a.contiguous() if dims and a is not None else a
+            args = tuple(_written(a) if written else a.contiguous() if dims else a
                          for a, dims, written in zip(args, self.row_dims, self.written))
         tensors = self._flatten(args)
         if self.run is None:

@@ -21,7 +21,7 @@ import torch
 
 from specview import fastdecode, fastlinear, trees
 from specview.detok import CONTEXT, piece_in_context
-from specview.drafters.base import Proposal
+from specview.drafters.base import Proposal, context_holders
 from specview.drafters.model import ModelDrafter
 from specview.events import RunSummary, StepResult
 from specview.kvcache import crop_cache, keep_rows, new_cache
@@ -79,9 +79,8 @@ class Decoder:
         if lm is not None:
             install_linears(lm.model)
         self.vocab = vocab_limit(self.target, lm)  # logits sliced to what both models and the tokenizer share
-        limits = [m.context_len for m in (self.target, lm) if m is not None and m.context_len]
-        if lm is None and getattr(drafter, "context_len", None):  # a draft run elsewhere (llama.cpp): its own cache
-            limits.append(drafter.context_len)
+        holders = context_holders(self.target, [] if drafter is None else [drafter])
+        limits = [m.context_len for m in holders if getattr(m, "context_len", None)]
         self.context_len = min(limits) if limits else None
 
     @property

@@ -136,7 +136,7 @@ def _how_built(runner) -> str:
     if runner.backend != "aot":
         return "torch.compile"
     functions = [getattr(fns, name) for fns in (runner.fns, runner.fns_rows) for name in fastdecode._Fns.NAMES]
-    states = sorted({fn.built for fn in functions if fn is not None and fn.built})
+    states = sorted({fn.built for fn in functions if fn.built})
     return f"built ahead of time ({', '.join(states) or 'not yet run'})"
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specview import machine
+from specview.drafters.base import context_holders
 from specview.drafters.specs import build as build_drafter
 from specview.drafters.specs import kind as drafter_kind
 from specview.drafters.specs import split_specs
@@ -108,12 +109,6 @@ def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
             raise SpecviewError("empty prompt and the tokenizer has no BOS token to start from: give --prompt")
         ids = [tokenizer.bos_token_id]
     return list(ids)
-
-
-def context_holders(target, drafters) -> list:
-    """What bounds a run's positions: the target, each drafter's model, and a drafter with a cache of its own
-    (llama.cpp's; an n-gram drafter holds none and is passed over by check_context)."""
-    return [target] + [getattr(d, "lm", None) or d for d in drafters]
 
 
 def check_context(models: list, prompt_len: int, max_new_tokens: int) -> None:

@@ -63,3 +63,9 @@ def sample_chain(dec, next_logits, ids, k: int, keep_drafting=None) -> Proposal:
         return Proposal(torch.zeros(0, dtype=torch.long, device=dec.device),
                         torch.zeros(0, dec.vocab, device=dec.device), cut=cut is not None, cut_q=cut)
     return Proposal(torch.stack(drafts), torch.stack(q_rows), cut=cut is not None, cut_q=cut)
+
+
+def context_holders(target, drafters) -> list:
+    """What bounds a run's positions: the target, each drafter's model, and a drafter with a cache of its own
+    (llama.cpp's; an n-gram drafter holds none: whatever has no `context_len` is passed over)."""
+    return [target] + [getattr(d, "lm", None) or d for d in drafters]

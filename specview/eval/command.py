@@ -21,6 +21,7 @@ from rich.progress import (
 )
 
 from specview.bench.methods import EngineMethod
+from specview.drafters.base import context_holders
 from specview.drafters.specs import kind as drafter_kind
 from specview.drafters.specs import split_specs
 from specview.errors import SpecviewError
@@ -36,7 +37,7 @@ from specview.eval.document import (
 from specview.eval.prompts import BUILTIN, Prompt, load_prompts
 from specview.files import ensure_writable_dir, write_json_atomic
 from specview.policies import parse_policies
-from specview.session import check_context, context_holders, encode_prompt, open_session
+from specview.session import check_context, encode_prompt, open_session
 from specview.settings import Settings
 from specview.stopping import Stop
 

@@ -31,6 +31,7 @@ import torch
 
 from specview.backend.views import StepView, step_record
 from specview.detok import token_texts
+from specview.drafters.base import context_holders
 from specview.engine import Run, eos_token_ids
 from specview.errors import SpecviewError
 from specview.profiling.recorder import ProfileRecorder
@@ -38,7 +39,7 @@ from specview.runner import start_event
 from specview.serve.hub import EventHub
 from specview.serve.metrics import ServeMetrics
 from specview.serve.schema import ApiError
-from specview.session import Session, check_context, context_holders, encode_prompt
+from specview.session import Session, check_context, encode_prompt
 from specview.stopping import Stop
 
 SHUTTING_DOWN = "the server is shutting down"
