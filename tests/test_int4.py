@@ -9,7 +9,7 @@ from transformers.pytorch_utils import Conv1D
 
 import tiny
 from specview.errors import SpecviewError
-from specview.int4 import Int4Linear, check_int4_supported, dequantize, int4_copy, quantize
+from specview.int4 import Int4Linear, check_int4_supported, dequantize, head_importance, int4_copy, quantize
 
 
 def _reference(x, codes, scales_and_zeros, bias, group_size=32):
@@ -77,6 +77,35 @@ def test_constant_group_has_no_nan():
     assert torch.isfinite(y).all() and torch.allclose(y.float(), torch.full((3, 16), 8.0))
 
 
+def _weighted_error(weight, codes, sz, importance):
+    return (importance * (dequantize(codes, sz) - weight) ** 2).sum().item()
+
+
+def test_importance_moves_the_error_to_the_features_that_matter_less():
+    """The refit never does worse than min/max under the importance it is given, and does much better when a few
+    input features dominate (as a head's do: the final norm leaves some features far larger than others)."""
+    torch.manual_seed(8)
+    weight = torch.randn(96, 128)
+    importance = torch.rand(128) ** 4 * 50 + 0.01  # a few features weigh thousands of times more than others
+    plain_codes, plain_sz = quantize(weight)
+    codes, sz = quantize(weight, importance=importance)
+    assert codes.dtype == torch.int32 and codes.min() >= 0 and codes.max() <= 15
+    assert sz.dtype == torch.bfloat16 and sz.shape == plain_sz.shape
+    plain, refit = _weighted_error(weight, plain_codes, plain_sz, importance), _weighted_error(weight, codes, sz, importance)
+    assert refit < 0.8 * plain  # 0.73 measured
+    # A uniform importance is plain least squares: still no worse than min/max in the plain squared error
+    flat_codes, flat_sz = quantize(weight, importance=torch.ones(128))
+    ones = torch.ones(128)
+    assert _weighted_error(weight, flat_codes, flat_sz, ones) <= _weighted_error(weight, plain_codes, plain_sz, ones)
+
+
+def test_importance_keeps_constant_groups_exact():
+    weight = torch.full((16, 64), 0.25)
+    weight[:, 32:] = 0.0
+    codes, sz = quantize(weight, importance=torch.rand(64) + 0.1)
+    assert torch.equal(dequantize(codes, sz), weight)
+
+
 def _llama(intermediate=128, **kw):
     torch.manual_seed(3)
     cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=intermediate, num_hidden_layers=2,
@@ -142,6 +171,26 @@ def test_int4_head_copy_quantizes_the_head_and_keeps_the_embedding(kind):
     with torch.inference_mode():
         ref, out = model(ids).logits, q4(ids).logits.float()
     assert F.cosine_similarity(out.flatten(), ref.flatten(), dim=0) > 0.98
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2-tied"])
+def test_the_4bit_head_is_fit_to_the_models_own_activations_and_the_layers_keep_min_max(kind):
+    model = MODELS[kind]()
+    rng = torch.random.get_rng_state()
+    importance = head_importance(model)
+    assert torch.equal(torch.random.get_rng_state(), rng)  # its own generator: a run's seeds are untouched
+    assert importance.shape == (64,) and (importance > 0).all()
+    assert torch.equal(importance, head_importance(model))  # the same text each time: the codes are reproducible
+    q4 = int4_copy(model, head=True)
+    head = q4.get_output_embeddings()
+    weight = model.get_output_embeddings().weight.detach()
+    assert torch.equal(head.scales_and_zeros, quantize(weight, importance=importance)[1])
+    assert not torch.equal(head.scales_and_zeros, quantize(weight)[1])
+    for name, module in q4.named_modules():  # the layer matrices: min/max codes, as a GGUF's come back
+        if isinstance(module, Int4Linear) and module is not head:
+            source = model.get_submodule(name).weight
+            source = source.t() if isinstance(model.get_submodule(name), Conv1D) else source
+            assert torch.equal(module.scales_and_zeros, quantize(source)[1])
 
 
 def test_int4_head_spec_and_its_checks():
