@@ -33,10 +33,12 @@ from transformers.pytorch_utils import Conv1D
 from specview.errors import SpecviewError
 
 # The version of what quantize, split_halves and pack_codes produce: the int4 copy's disk cache (models._int4_copy)
-# keys its entries with it. Bump it with any change to those three, or a user's cache hands old codes to new code.
+# keys its entries with it. Bump it with any change to those three, to _refit or to head_importance (its text: rows,
+# tokens, seed), or a user's cache hands old codes to new code.
 CODES_FORMAT = 2  # 2: a 4-bit head weighed by head_importance
 GROUP_SIZE = 32
 GROUP_SIZES = (32, 64, 128, 256)  # the kernels accept no others
+REFIT_ROWS = 4096  # output rows quantize() fits at a time: ~50 MB of temporaries for a 576-wide head, not ~0.6 GB
 N_MULTIPLE = {"cpu": 16, "cuda": 8}  # the CPU packer works on 16 output rows at a time; tinygemm on 8
 aten = torch.ops.aten
 
@@ -54,7 +56,15 @@ def quantize(weight: torch.Tensor, group_size: int = GROUP_SIZE,
     lo, hi = w.amin(dim=-1, keepdim=True), w.amax(dim=-1, keepdim=True)
     d = (hi - lo) / 15
     if importance is not None:
-        d, lo = _refit(w, d, lo, importance.detach().float().to(w.device).reshape(1, k // group_size, group_size))
+        importance = importance.detach().float().to(w.device)
+        if importance.shape != (k,) or not torch.isfinite(importance).all() or (importance < 0).any():
+            raise ValueError(f"importance must be {k} finite values >= 0, one per input feature")
+        importance = importance.reshape(1, k // group_size, group_size)
+        # Scaled per group to at most 1 (the fit does not change): sums of squares stay far from overflow
+        importance = importance / importance.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+        for rows in range(0, n, REFIT_ROWS):  # in slices: the fit's temporaries are each the size of its slice
+            part = slice(rows, rows + REFIT_ROWS)
+            d[part], lo[part] = _refit(w[part], d[part], lo[part], importance)
     # A group of equal weights has d = 0 and w - lo = 0 throughout: dividing by 1 there gives code 0, and zero =
     # min reproduces it exactly (no 0/0). In place after the first temporary: a start quantizes 135M weights.
     steps = (w - lo).div_(torch.where(d > 0, d, 1.0))
@@ -65,19 +75,21 @@ def quantize(weight: torch.Tensor, group_size: int = GROUP_SIZE,
 
 def _refit(w: torch.Tensor, d: torch.Tensor, lo: torch.Tensor, importance: torch.Tensor, rounds: int = 4):
     """Alternate: codes for the current (d, lo), then the (d, lo) of least importance-weighted squared error for
-    those codes (a 2x2 linear system per group). Neither step can raise the weighted error. A group whose codes
-    are all equal (no system to solve) or whose fit would turn its step negative keeps what it had."""
+    those codes: with weights u, d = sum u (q - mean q)(x - mean x) / sum u (q - mean q)^2 and lo = mean x - d mean q
+    (weighted means; centred sums, which do not cancel as the raw 2x2 determinant does). Neither step can raise the
+    weighted error. A group whose codes barely vary (no line to fit), whose fit would turn its step negative or is
+    not finite keeps what it had."""
     weights = importance.expand_as(w)
-    sw = weights.sum(-1, keepdim=True)
-    swx = (weights * w).sum(-1, keepdim=True)
+    total = weights.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+    mean_x = (weights * w).sum(-1, keepdim=True) / total
     for _ in range(rounds):
         q = ((w - lo) / torch.where(d > 0, d, 1.0)).round_().clamp_(0, 15)
-        wq = weights * q
-        swq, swq2, swqx = wq.sum(-1, keepdim=True), (wq * q).sum(-1, keepdim=True), (wq * w).sum(-1, keepdim=True)
-        det = sw * swq2 - swq * swq
-        safe = torch.where(det > 0, det, 1.0)
-        new_d, new_lo = (sw * swqx - swq * swx) / safe, (swq2 * swx - swq * swqx) / safe
-        keep = (det <= 1e-12 * sw * swq2) | (new_d <= 0)
+        mean_q = (weights * q).sum(-1, keepdim=True) / total
+        q -= mean_q
+        spread = (weights * q * q).sum(-1, keepdim=True)
+        new_d = (weights * q * (w - mean_x)).sum(-1, keepdim=True) / spread.clamp_min(torch.finfo(torch.float32).tiny)
+        new_lo = mean_x - new_d * mean_q
+        keep = (spread <= 1e-6 * total) | ~(new_d > 0) | ~torch.isfinite(new_lo)  # ~(x > 0): NaN too
         d, lo = torch.where(keep, d, new_d), torch.where(keep, lo, new_lo)
     return d, lo
 
@@ -195,19 +207,26 @@ def head_importance(model: nn.Module, rows: int = CALIBRATION_ROWS, tokens: int 
     `@int4+head` draft against the target, 576 sampled positions of 12 built-in eval prompts, temperature 0.6) it
     raises sum(min(p, q)), the chance a draft is accepted, from 0.886 to 0.923, and greedy agreement from 86.6% to
     91.9% (`@int4`, the GGUF's own head: 0.981 and 97.7%); 4 x 64 or 1 x 128 calibration tokens did no better.
-    About 4 s on a 2-core CPU, once: the codes are cached with the converted GGUF (docs/design.md §2)."""
+    About 4 s on a 2-core CPU (32 forwards of 4 rows): once for a GGUF, whose codes are cached with the converted
+    model (docs/design.md §2); at every start for a hub model or a folder, and with --no-cache. The start token is
+    the BOS, else the EOS, else 0. The model is put in eval mode meanwhile (dropout would draw from the global RNG
+    and change the text), then back in the mode it was in."""
     from specview.models import context_length  # models imports this module lazily too
 
     tokens = min(tokens, context_length(model.config) or tokens)
     head = model.get_output_embeddings()
     device = head.weight.device
     squares: list[torch.Tensor] = []
-    hook = head.register_forward_pre_hook(lambda _module, args: squares.append(args[0].float().pow(2).sum((0, 1))))
     generator = torch.Generator(device).manual_seed(seed)
-    start = next((t for t in (model.config.bos_token_id, model.config.eos_token_id) if isinstance(t, int)), 0)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    start = next((t for t in (model.config.bos_token_id, model.config.eos_token_id)
+                  if isinstance(t, int) and 0 <= t < vocab), 0)
     ids = torch.full((rows, 1), start, dtype=torch.long, device=device)
     past = None
+    training = model.training
+    hook = head.register_forward_pre_hook(lambda _module, args: squares.append(args[0].float().pow(2).sum((0, 1))))
     try:
+        model.eval()
         for _ in range(tokens):
             out = model(input_ids=ids, past_key_values=past, use_cache=True)
             past = out.past_key_values
@@ -215,6 +234,7 @@ def head_importance(model: nn.Module, rows: int = CALIBRATION_ROWS, tokens: int 
             ids = torch.multinomial(probs, 1, generator=generator)
     finally:
         hook.remove()
+        model.train(training)
     return torch.stack(squares).sum(0) / (rows * tokens)
 
 
@@ -283,7 +303,7 @@ def int4_copy(model: nn.Module, group_size: int = GROUP_SIZE, head: bool = False
     transformers.pytorch_utils.Conv1D, whose weight is stored transposed [in, out]) are replaced by an
     Int4Linear module; everything else (embeddings, norms, and the lm_head, tied or not) is bfloat16.
     With `head`, the lm_head is an Int4Linear too (untied: the input embedding stays a bfloat16 lookup), its codes
-    fit to the activations the model itself produces (head_importance: 32 sampled tokens, well under a second).
+    fit to the activations the model itself produces (head_importance: 4 x 32 sampled tokens, about 4 s).
     The input model is not modified. `stored` (load_codes of an earlier copy of the same weights, the same group
     size and head) gives every matrix its codes without quantizing: the same copy, 0.5 s sooner for SmolLM2."""
     check_int4_supported(model, next(model.parameters()).device, group_size, head)

@@ -106,6 +106,15 @@ def test_importance_keeps_constant_groups_exact():
     assert torch.equal(dequantize(codes, sz), weight)
 
 
+def test_importance_must_be_finite_and_not_negative():
+    weight = torch.randn(16, 64)
+    for bad in (torch.full((64,), float("inf")), torch.full((64,), float("nan")), -torch.ones(64), torch.ones(32)):
+        with pytest.raises(ValueError, match="importance"):
+            quantize(weight, importance=bad)
+    codes, sz = quantize(weight, importance=torch.full((64,), 1e30))  # huge but finite: scaled per group
+    assert codes.min() >= 0 and codes.max() <= 15 and torch.isfinite(sz.float()).all()
+
+
 def _llama(intermediate=128, **kw):
     torch.manual_seed(3)
     cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=intermediate, num_hidden_layers=2,
@@ -269,3 +278,26 @@ def test_fusing_by_stacking_packed_parts_packs_what_repacking_the_codes_packs(ro
     x = torch.randn(3, 64, dtype=torch.bfloat16)
     fused = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros)
     assert torch.equal(fused, torch.cat([m(x) for m in modules], dim=-1))
+
+
+def test_head_importance_measures_what_enters_the_head():
+    """Ten times one feature of the final norm's weight: that feature's importance grows about a hundredfold
+    against the others' (the sampled text changes too, so the others move a little)."""
+    model = MODELS["llama"]()
+    before = head_importance(model)
+    with torch.no_grad():
+        model.model.norm.weight[5] *= 10
+    ratios = head_importance(model) / before
+    assert ratios[5] > 20 * ratios.median()
+
+
+def test_head_importance_in_training_mode_and_with_a_start_token_past_the_vocabulary():
+    model = MODELS["gpt2"]()
+    expected = head_importance(model)
+    model.train()  # dropout would draw from the global RNG
+    rng = torch.random.get_rng_state()
+    assert torch.equal(head_importance(model), expected)
+    assert torch.equal(torch.random.get_rng_state(), rng) and model.training  # its mode given back
+    model.eval()
+    model.config.bos_token_id = model.config.eos_token_id = 10_000  # not a token: start from 0
+    assert head_importance(model).shape == (64,)
