@@ -35,7 +35,7 @@ from specview.errors import SpecviewError
 # The version of what quantize, split_halves and pack_codes produce: the int4 copy's disk cache (models._int4_copy)
 # keys its entries with it. Bump it with any change to those three, to _refit or to head_importance (its text: rows,
 # tokens, seed), or a user's cache hands old codes to new code.
-CODES_FORMAT = 2  # 2: a 4-bit head weighed by head_importance
+CODES_FORMAT = 3  # 2: a 4-bit head weighed by head_importance; 3: its centred fit
 GROUP_SIZE = 32
 GROUP_SIZES = (32, 64, 128, 256)  # the kernels accept no others
 REFIT_ROWS = 4096  # output rows quantize() fits at a time: ~50 MB of temporaries for a 576-wide head, not ~0.6 GB
