@@ -199,7 +199,7 @@ CALIBRATION_ROWS, CALIBRATION_TOKENS = 4, 32  # 128 sampled tokens: 4 x 64 or 1 
 
 @torch.no_grad()
 def head_importance(model: nn.Module, rows: int = CALIBRATION_ROWS, tokens: int = CALIBRATION_TOKENS,
-                    seed: int = 0) -> torch.Tensor:
+                    seed: int = 0, context: int | None = None) -> torch.Tensor:
     """The mean square of each feature entering the output head [hidden], over text the model samples itself
     (temperature 1, from its BOS token, a seeded generator of its own: no data to ship, the global RNG untouched).
 
@@ -211,9 +211,7 @@ def head_importance(model: nn.Module, rows: int = CALIBRATION_ROWS, tokens: int 
     model (docs/design.md §2); at every start for a hub model or a folder, and with --no-cache. The start token is
     the BOS, else the EOS, else 0. The model is put in eval mode meanwhile (dropout would draw from the global RNG
     and change the text), then back in the mode it was in."""
-    from specview.models import context_length  # models imports this module lazily too
-
-    tokens = min(tokens, context_length(model.config) or tokens)
+    tokens = min(tokens, context or tokens)  # `context`: the model's positions (models.context_length), None = any
     head = model.get_output_embeddings()
     device = head.weight.device
     squares: list[torch.Tensor] = []
@@ -298,7 +296,7 @@ def load_codes(folder) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 def int4_copy(model: nn.Module, group_size: int = GROUP_SIZE, head: bool = False,
-              stored: dict | None = None) -> nn.Module:
+              stored: dict | None = None, context: int | None = None) -> nn.Module:
     """A deep copy of `model` (a transformers CausalLM) whose linear layers (nn.Linear, and GPT-2's
     transformers.pytorch_utils.Conv1D, whose weight is stored transposed [in, out]) are replaced by an
     Int4Linear module; everything else (embeddings, norms, and the lm_head, tied or not) is bfloat16.
@@ -323,7 +321,7 @@ def int4_copy(model: nn.Module, group_size: int = GROUP_SIZE, head: bool = False
         raise ValueError("the stored codes are for other matrices")
     output = int4.get_output_embeddings()
     # Only the head gets an importance: a layer matrix's min/max codes are the GGUF's own (`@int4` keeps them).
-    importance = head_importance(model) if head and stored is None else None
+    importance = head_importance(model, context=context) if head and stored is None else None
     for name, module in replace:
         parent_name, _, child = name.rpartition(".")
         setattr(int4.get_submodule(parent_name), child,

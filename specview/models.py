@@ -327,16 +327,16 @@ def _int4_copy(base: torch.nn.Module, src: ModelSource, cache: bool) -> torch.nn
     key, the group size and the head): a later start reads them instead of quantizing 135M weights again."""
     from specview import int4, weights_cache
 
-    head = src.int4_head
+    head, context = src.int4_head, context_length(base.config)
     key = _cache_keys.get(base) if cache and next(base.parameters()).device.type == "cpu" else None
     if key is None:
-        return int4.int4_copy(base, head=head)
+        return int4.int4_copy(base, head=head, context=context)
     # the packed layout is the CPU kernel's: the capability torch dispatches on (AVX512, AVX2...) is in the key
     key = {**key, "int4": {"group": int4.GROUP_SIZE, "head": head, "codes": int4.CODES_FORMAT,
                            "capability": torch.backends.cpu.get_cpu_capability()}}
     name = f"{os.path.splitext(src.gguf_file)[0]}-int4{'+head' if head else ''}"
     model, _how = weights_cache.cached_load(
-        key, lambda: int4.int4_copy(base, head=head), int4.save_codes,
+        key, lambda: int4.int4_copy(base, head=head, context=context), int4.save_codes,
         lambda folder: int4.int4_copy(base, head=head, stored=int4.load_codes(folder)), name=name)
     return model
 

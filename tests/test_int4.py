@@ -301,3 +301,4 @@ def test_head_importance_in_training_mode_and_with_a_start_token_past_the_vocabu
     model.eval()
     model.config.bos_token_id = model.config.eos_token_id = 10_000  # not a token: start from 0
     assert head_importance(model).shape == (64,)
+    assert head_importance(model, context=8).shape == (64,)  # a model of 8 positions samples 8 tokens
