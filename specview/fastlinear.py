@@ -87,8 +87,8 @@ def _trial(dtype: torch.dtype) -> bool:
 
 
 CHOICE_FILE = "fastlinear.json"
-PROBE_BYTES = 64 * 2**20  # weights cycled through per probe pass: past the CPU's caches, like a forward's
-PROBE_MATRICES = 64  # ...but no more matrices than this (a tiny model's shape would need thousands)
+PROBE_BYTES = 64 * 2**20  # weights cycled through per probe pass, at least; past the CPU's caches (machine.past_caches)
+PROBE_MATRICES = 512  # ...but no more matrices than this (a tiny model's shape would need thousands)
 # The kernels a product can run: F.linear, oneDNN on a packed copy, MLAS (onnxruntime) on its own packed copy
 KERNELS = ("stock", "packed", "mlas")
 
@@ -121,7 +121,7 @@ def probe_seconds(dtype: torch.dtype, shape: tuple[int, int]) -> dict[str, float
     measured could choose differently under load)."""
     kernels = candidates(dtype)
     key = (f"{machine.host_key()}/torch {torch.__version__}/{dtype}/{shape[0]}x{shape[1]}/threads={torch.get_num_threads()}"
-           f"/{PASSES}/{'+'.join(map(label, kernels))}")
+           f"/{PASSES}/{probe_label()}/{'+'.join(map(label, kernels))}")
     names = [f"{kernel}_{rows}" for kernel in kernels for rows in ("one", "rows")]
     cached = machine.read_cached(CHOICE_FILE)
     entry = cached.get(key)
@@ -165,10 +165,21 @@ NOISE = 1.03  # the other pass may be this much slower (best-of-5 timings on a s
 
 
 def probe_matrices(dtype: torch.dtype, shape: tuple[int, int]) -> int:
-    """How many distinct matrices of this shape a kernel probe cycles through: PROBE_BYTES of them, so they
-    stream from memory as a forward's weights do, but at most PROBE_MATRICES (a small model's weights all
-    fit in cache, and so do the probe's, as in its forward)."""
-    return min(PROBE_MATRICES, max(2, PROBE_BYTES // (shape[0] * shape[1] * torch.finfo(dtype).bits // 8)))
+    """How many distinct matrices of this shape a kernel probe cycles through: enough to stream them from memory
+    as a target's forward streams its weights (machine.past_caches), but at most PROBE_MATRICES (a small model's
+    weights all fit in cache, and so do the probe's, as in its forward). Which kernel wins depends on it: on a
+    Xeon with a 300 MiB L3 a compiled multiply-and-sum beat F.linear from cache and lost by 1.7x from memory."""
+    size = shape[0] * shape[1] * torch.finfo(dtype).bits // 8
+    return min(PROBE_MATRICES, max(2, -(-probe_bytes() // size)))
+
+
+def probe_bytes() -> int:
+    return machine.past_caches(PROBE_BYTES)
+
+
+def probe_label() -> str:
+    """The streamed size as cache keys name it: a probe that read from cache is not reused by one that does not."""
+    return f"streams {probe_bytes() >> 20} MiB"
 
 
 def _probe(dtype: torch.dtype, shape: tuple[int, int], kernels: tuple[str, ...] = ("stock", "packed"),
@@ -177,7 +188,8 @@ def _probe(dtype: torch.dtype, shape: tuple[int, int], kernels: tuple[str, ...] 
     stream them from memory (one hot matrix sits in cache and favours F.linear, which a forward never sees), with
     each of `kernels`, interleaved, the best of `repeats` each (noise only adds; ~0.3 s a kernel):
     {"stock_one", "stock_rows", "packed_one", ...}."""
-    weights = [torch.randn(*shape, dtype=dtype) for _ in range(probe_matrices(dtype, shape))]
+    # rand, not randn: as good for timing (no denormals), and a probe that streams 600 MB makes it in half the time
+    weights = [torch.rand(*shape, dtype=dtype) for _ in range(probe_matrices(dtype, shape))]
     copies = {kernel: [pack(w, kernel) for w in weights] for kernel in kernels if kernel != "stock"}
     inputs = {"one": torch.randn(1, shape[1], dtype=dtype), "rows": torch.randn(PACK_ROWS, shape[1], dtype=dtype)}
 

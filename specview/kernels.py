@@ -197,7 +197,7 @@ def one_row_kernel(model, say=lambda msg: None) -> str:
     named = "+".join(kind if kind != "packed" else f"packed {fastlinear.label(packed)}" for kind in kinds)
     cached = machine.read_cached(CHOICE_FILE)
     key = (f"{machine.host_key()}/torch {torch.__version__}/threads={torch.get_num_threads()}/one_row/{dtype}/{shape}"
-           f"/{named}")
+           f"/{named}/{fastlinear.probe_label()}")
     if isinstance(cached.get(key), dict) and cached[key].get("kernel") in kinds:
         return cached[key]["kernel"]
     say(f"probing the one-row kernel for {str(dtype).removeprefix('torch.')} {shape[0]}x{shape[1]}")
@@ -213,7 +213,7 @@ def _probe_one_row(kernel: str, dtype, shape, packed: str = "stock", repeats: in
     from specview.fastlinear import probe_matrices  # the same streamed set of weights as fastlinear's probe
 
     def weight():
-        w = torch.randn(*shape, dtype=dtype)
+        w = torch.rand(*shape, dtype=dtype)
         return ("dense", w, fastlinear.pack(w, packed) if kernel == "packed" else None, None)
 
     weights = [weight() for _ in range(probe_matrices(dtype, shape))]

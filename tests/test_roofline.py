@@ -2,6 +2,7 @@
 and its cache, the per-forward figures of a profile's summary, the trace counter. No timing is asserted."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import torch
 import tiny
 from specview.drafters.layerskip import SkipModel
 from specview.int4 import int4_copy
+from specview import fastlinear, machine
 from specview.profiling import roofline
 from specview.profiling.roofline import ForwardTally, floor_ms, model_bytes, roofline_summary
 
@@ -78,7 +80,8 @@ def test_the_probe_is_cached_per_machine_device_and_threads(tmp_path, monkeypatc
 
     def fake_probe(device):
         calls.append(device)
-        return {"gbs": 12.5, "method": "fake", "probe_s": 0.0, "measured_at": "now"}
+        return {"gbs": 12.5, "bytes": roofline.probe_bytes(device), "method": "fake", "probe_s": 0.0,
+                "measured_at": "now"}
 
     monkeypatch.setattr(roofline, "probe_bandwidth", fake_probe)
     assert roofline.measure_bandwidth("cpu")["gbs"] == 12.5
@@ -95,6 +98,28 @@ def test_the_probe_is_cached_per_machine_device_and_threads(tmp_path, monkeypatc
     (tmp_path / "bandwidth.json").write_text("{not json")  # damaged: probed again, rewritten
     assert roofline.measure_bandwidth("cpu")["gbs"] == 12.5 and len(calls) == 3
     json.loads((tmp_path / "bandwidth.json").read_text())
+    # A cache that grew past the probe (another machine under the same name, or an older probe's size): again
+    monkeypatch.setattr(machine, "last_level_cache_bytes", lambda: 2**30)
+    assert roofline.measure_bandwidth("cpu")["gbs"] == 12.5 and len(calls) == 4
+
+
+def test_probes_stream_past_the_last_level_cache(monkeypatch):
+    monkeypatch.setattr(machine, "last_level_cache_bytes", lambda: 300 * 2**20)  # a Xeon VM's L3
+    assert roofline.probe_bytes("cpu") == machine.past_caches(roofline.PROBE_BYTES) == 600 * 2**20
+    # A 576x1536 float32 matrix is 3.375 MiB: 178 of them reach 600 MiB (not the 64 MiB that L3 held)
+    assert fastlinear.probe_matrices(torch.float32, (576, 1536)) == 178
+    assert fastlinear.probe_matrices(torch.float32, (8, 8)) == fastlinear.PROBE_MATRICES  # a tiny model's: capped
+    assert "streams 600 MiB" in fastlinear.probe_label()
+    monkeypatch.setattr(machine, "last_level_cache_bytes", lambda: 8 * 2**20)  # a small cache: the minimum holds
+    assert roofline.probe_bytes("cpu") == roofline.PROBE_BYTES
+    assert fastlinear.probe_bytes() == fastlinear.PROBE_BYTES
+
+
+def test_the_last_level_cache_is_read_from_sysfs():
+    size = machine.last_level_cache_bytes()
+    assert size >= 0 and (size == 0 or size >= 2**16)  # 0 where sysfs does not say; else at least 64 KiB
+    if os.path.exists("/sys/devices/system/cpu/cpu0/cache/index0/size"):
+        assert size >= 2**16  # sysfs says: read past its other entries ("uevent" beside the index folders)
 
 
 def test_the_real_probe_gives_a_plausible_figure():
