@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import tiny
+from specview import fastlinear, machine
 from specview.drafters.layerskip import SkipModel
 from specview.int4 import int4_copy
-from specview import fastlinear, machine
 from specview.profiling import roofline
 from specview.profiling.roofline import ForwardTally, floor_ms, model_bytes, roofline_summary
 
