@@ -43,7 +43,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from specview import machine, mlas
+from specview import machine, mlas, thinmm
 
 MAX_ROWS = 1024  # packed wins at every size measured (1 to 512 rows: prefill too, ~2x); beyond, torch's path
 PACK_ROWS = 5  # the row count oneDNN picks its weight layout for (flat from 1 to 8 rows)
@@ -89,20 +89,22 @@ def _trial(dtype: torch.dtype) -> bool:
 CHOICE_FILE = "fastlinear.json"
 PROBE_BYTES = 64 * 2**20  # weights cycled through per probe pass, at least; past the CPU's caches (machine.past_caches)
 PROBE_MATRICES = 512  # ...but no more matrices than this (a tiny model's shape would need thousands)
-# The kernels a product can run: F.linear, oneDNN on a packed copy, MLAS (onnxruntime) on its own packed copy
-KERNELS = ("stock", "packed", "mlas")
+# The kernels a product can run: F.linear, oneDNN on a packed copy, MLAS (onnxruntime) on its own packed copy,
+# specview's own thin-product kernel on the weight as it is (thinmm.py)
+KERNELS = ("stock", "packed", "mlas", "thin")
 
 
 def candidates(dtype: torch.dtype) -> tuple[str, ...]:
     """The kernels that can run a product of this dtype here (stock always)."""
     return ("stock",) + (("packed",) if supported(dtype) else ()) + (
-        ("mlas",) if dtype == torch.float32 and mlas.available() else ())
+        ("mlas",) if dtype == torch.float32 and mlas.available() else ()) + (
+        ("thin",) if dtype == torch.float32 and thinmm.available() else ())
 
 
 def label(kernel: str) -> str:
     """A kernel as cache keys name it: MLAS with onnxruntime's version (another version, other kernels: measured
     again)."""
-    return f"mlas {mlas.version()}" if kernel == "mlas" else kernel
+    return {"mlas": f"mlas {mlas.version()}", "thin": f"thin {thinmm.version()}"}.get(kernel, kernel)
 
 
 def chosen(dtype: torch.dtype, shape: tuple[int, int] = (2048, 2048), one_row: bool = True) -> str:
@@ -224,8 +226,8 @@ def kernel_for(dtype: torch.dtype, shape: tuple[int, int], one_row: bool = True)
     if mode == "0":  # before candidates(): no onnxruntime import and trial product for nothing
         return "stock"
     here = candidates(dtype)
-    if mode in ("1", "mlas"):
-        kernel = "packed" if mode == "1" else "mlas"
+    if mode in ("1", "mlas", "thin"):
+        kernel = "packed" if mode == "1" else mode
         return kernel if kernel in here else "stock"
     return chosen(dtype, shape, one_row) if len(here) > 1 else "stock"
 
@@ -268,6 +270,9 @@ def pack(weight: torch.Tensor, kernel: str = "packed") -> torch.Tensor:
     the handle of MLAS's session, which packs it in its own ("mlas", mlas.py)."""
     if kernel == "mlas":
         return mlas.pack(weight.detach())
+    if kernel == "thin":  # the weight as it is, no copy, seen as [1, out, in]: what tells product() it is thin's
+        thinmm.require()
+        return weight.detach().contiguous().unsqueeze(0)
     with torch.no_grad():
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
 
@@ -276,12 +281,19 @@ def product(x: torch.Tensor, packed: torch.Tensor, bias, out_features: int) -> t
     """x [rows, in] times a weight's `pack`ed copy, with the kernel that packed it (in a compiled graph too)."""
     if mlas.is_handle(packed):
         return mlas.mlas_linear(x, packed, bias, out_features)
+    # thin's: the weight itself, with a leading 1. Not told apart by layout: a graph being traced sees oneDNN's
+    # copies as strided tensors too, and the number of dimensions is what it keeps
+    if packed.dim() == 3:
+        y = thinmm.linear(x, packed.squeeze(0))
+        return y if bias is None else y + bias
     return packed_linear(x, packed, bias, out_features)
 
 
 def kernel_of(packed) -> str:
     """'mlas', 'packed' or 'stock' (no copy): what runs a product on this copy, for --verbose and profiles."""
-    return "stock" if packed is None else "mlas" if mlas.is_handle(packed) else "packed"
+    if packed is None:
+        return "stock"
+    return "mlas" if mlas.is_handle(packed) else "thin" if packed.dim() == 3 else "packed"
 
 
 # x [rows, in] times a weight `pack`ed for oneDNN, as an operator a compiled graph can call. Inductor cannot

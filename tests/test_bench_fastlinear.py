@@ -131,7 +131,7 @@ def test_the_choice_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch)
     def fake_probe(dtype, shape, kernels):
         probes.append((dtype, shape))
         packed = 0.5 if dtype == torch.float32 else 0.95  # packed clearly faster / not by 10%
-        times = {"stock": 1.0, "packed": packed, "mlas": 1.0}  # MLAS (where it runs) no faster than stock
+        times = {"stock": 1.0, "packed": packed, "mlas": 1.0, "thin": 1.0}  # MLAS, thin (where they run): no faster
         return {f"{kernel}_{rows}": times[kernel] for kernel in kernels for rows in ("one", "rows")}
 
     monkeypatch.setattr(fastlinear, "_probe", fake_probe)

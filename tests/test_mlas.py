@@ -140,7 +140,7 @@ def test_the_probe_is_kept_per_onnxruntime_version(tmp_path, monkeypatch):
     try:
         fastlinear.chosen(torch.float32, (16, 32))
         (key,) = json.loads((tmp_path / "fastlinear.json").read_text())
-        assert key.endswith(f"+mlas {mlas.version()}")
+        assert f"+mlas {mlas.version()}" in key
     finally:
         fastlinear.probe_seconds.cache_clear()
 

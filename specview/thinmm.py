@@ -1,0 +1,116 @@
+"""specview's own kernel for thin float32 products (csrc/thinmm.cpp): a verify's K+1 rows by a weight, read once.
+
+Built at first use with torch's C++ extension tooling (ninja and the C++ compiler torch's inductor already
+needs), for the CPU in hand (-march=native; AVX2 and FMA at least), into torch's extensions folder under a name
+that holds the source's hash and the host's CPU key: another CPU or another source is built again, and a later
+start only loads the library (~0.1 s). It reads the weight in its own layout, so it costs no copy of the
+weights, unlike oneDNN's packed copy and MLAS's two.
+
+To a compiled graph a product is `torch.ops.specview_thinmm.linear(x, w)`, an operator of C++ (no Python hop
+a call) that AOTInductor's graphs call by name: the library is loaded before any graph that uses it.
+
+fastlinear's probe decides per machine, dtype and shape whether this runs a forward's products: nothing here runs
+unless it measured faster. Where it cannot be built (no compiler, no ninja, no AVX2) it is simply not a candidate;
+`unavailable_reason()` says why.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import time
+
+import torch
+
+SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "thinmm.cpp")
+FLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for runs on torch's own threads only with it
+
+
+def _name() -> str:
+    from specview import machine
+
+    with open(SOURCE, "rb") as f:
+        source = f.read()
+    text = source + " ".join(FLAGS).encode() + machine.host_key().encode() + torch.__version__.encode()
+    return "specview_thinmm_" + hashlib.sha256(text).hexdigest()[:16]
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    """None where the kernel is built (or was) and agrees with F.linear here, else why not (one phrase)."""
+    from specview import machine
+
+    if os.environ.get("SPECVIEW_THINMM", "1") == "0":
+        return "SPECVIEW_THINMM=0"
+    if not {"avx2"} <= set(machine.cpu_flags()) or not _has_fma():
+        return "this CPU has no AVX2 and FMA"
+    try:
+        _load()
+    except Exception as err:  # noqa: BLE001 - no compiler, no ninja, a failed build: not here
+        return f"it could not be built here: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    try:  # odd sizes on purpose: a tail of features and of output rows, more rows than one pass takes
+        x, w = torch.randn(11, 53), torch.randn(37, 53)
+        if not torch.allclose(linear(x, w), x @ w.T, rtol=1e-4, atol=1e-4):
+            return "its product disagrees with F.linear"
+    except Exception as err:  # noqa: BLE001
+        return f"it failed a trial product: {type(err).__name__}: {err}"
+    return None
+
+
+def available() -> bool:
+    return unavailable_reason() is None
+
+
+def require() -> None:
+    """Before a weight is handed to `linear`: the operator exists only once the library is loaded."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"specview's thin-product kernel cannot run here: {reason}")
+
+
+def _has_fma() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return any(line.startswith("flags") and " fma " in f" {line.split(':', 1)[1]} " for line in f)
+    except OSError:
+        return False
+
+
+BUILD_SECONDS: list[float] = []  # how long this process spent building (the first start on a machine: ~25 s)
+
+
+def _load() -> None:
+    """Load the built library, building it first where it is not built yet (a lock keeps parallel processes from
+    building it twice: torch's own)."""
+    from torch.utils import cpp_extension
+
+    name = _name()
+    library = os.path.join(cpp_extension._get_build_directory(name, False), f"{name}.so")
+    if os.path.exists(library):
+        torch.ops.load_library(library)  # no ninja run: what a warm start pays is the load alone
+    else:
+        t0 = time.perf_counter()
+        cpp_extension.load(name=name, sources=[SOURCE], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                           is_python_module=False, verbose=False)
+        BUILD_SECONDS.append(time.perf_counter() - t0)
+    _register_fake()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [rows, in] times weight [out, in] transposed, float32 (the caller adds a bias)."""
+    return torch.ops.specview_thinmm.linear(x, weight)
+
+
+@functools.cache
+def _register_fake() -> None:
+    """The output's shape for graphs being traced (once, after the library defined the operator)."""
+    @torch.library.register_fake("specview_thinmm::linear")
+    def _(x, w):
+        return x.new_empty(x.shape[0], w.shape[0])
+
+
+def version() -> str:
+    """The kernel's source, as cache keys name it: another source is another kernel, measured again."""
+    with open(SOURCE, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:8]

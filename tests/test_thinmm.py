@@ -1,0 +1,106 @@
+"""specview's thin-product kernel (csrc/thinmm.cpp): the same product as F.linear for every row count and odd
+sizes (tails of features and of output rows), eager and inside compiled forwards, the same greedy tokens, no copy
+of the weight, and built wherever a C++ compiler and AVX2 are there."""
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_compiled import PROMPT, emitted, fast_logits, gpt2_variant, hf_logits, needs_compiler
+
+from specview import fastdecode, fastgpt2, fastlinear, kernels, machine, thinmm
+from specview.engine import Decoder
+from specview.settings import SamplingConfig
+
+needs_thin = pytest.mark.skipif(not thinmm.available(), reason=f"no thin kernel here: {thinmm.unavailable_reason()}")
+
+
+def test_it_is_built_wherever_it_can_be():
+    """A machine with AVX2, FMA and a C++ compiler that silently lost the kernel would lose it from every probe."""
+    if "avx2" not in machine.cpu_flags() or not thinmm._has_fma() or shutil.which("c++") is None:
+        pytest.skip("no AVX2, FMA or C++ compiler here")
+    assert thinmm.unavailable_reason() is None
+
+
+@needs_thin
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 8, 9, 17])  # 9 and 17: more rows than one pass takes (8)
+@pytest.mark.parametrize("shape", [(1, 1), (4, 16), (5, 17), (37, 53), (67, 576), (13, 1536)])
+def test_its_product_is_f_linear_up_to_summation_order(rows, shape):
+    torch.manual_seed(rows)
+    weight, x = torch.randn(*shape), torch.randn(rows, shape[1])
+    want = (x.double() @ weight.double().T).float()
+    torch.testing.assert_close(thinmm.linear(x, weight), want, rtol=1e-5, atol=1e-5 * shape[1] ** 0.5)
+
+
+@needs_thin
+def test_inputs_that_are_not_contiguous_are_multiplied_as_they_read():
+    x = torch.randn(24, 5).t()  # [5, 24], strided
+    weight = torch.randn(24, 40).t()  # GPT-2's Conv1D layout seen through .t()
+    torch.testing.assert_close(thinmm.linear(x, weight), x @ weight.T, rtol=1e-5, atol=1e-5)
+
+
+@needs_thin
+def test_wrong_inputs_are_refused_with_a_message():
+    with pytest.raises(RuntimeError, match="float32 only"):
+        thinmm.linear(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match=r"x \[rows, in\]"):
+        thinmm.linear(torch.randn(2, 8), torch.randn(4, 9))
+
+
+@needs_thin
+@pytest.mark.parametrize("bias", [True, False])
+def test_fastlinear_runs_it_on_the_weight_itself(bias):
+    torch.manual_seed(0)
+    weight, b, x = torch.randn(40, 24), torch.randn(40) if bias else None, torch.randn(5, 24)
+    packed = fastlinear.pack(weight, "thin")
+    assert packed.data_ptr() == weight.data_ptr() and fastlinear.kernel_of(packed) == "thin"  # no copy
+    assert fastlinear.kernel_of(fastlinear.pack(weight, "packed")) == "packed"
+    torch.testing.assert_close(fastlinear.product(x, packed, b, 40), F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+    assert "thin" in fastlinear.candidates(torch.float32) and "thin" not in fastlinear.candidates(torch.bfloat16)
+
+
+@needs_thin
+@pytest.mark.parametrize("compiled, gemv", [(False, "reduce"), pytest.param(True, "reduce", marks=needs_compiler),
+                                            pytest.param(True, "packed", marks=needs_compiler)])
+def test_fast_forwards_on_it_compute_what_transformers_computes(small_llama_pair, small_vocab_pair, compiled, gemv,
+                                                                monkeypatch):
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")
+    llama, _ = small_llama_pair
+    gpt2 = gpt2_variant(small_vocab_pair[0], "float32")
+    for lm, family in ((llama, fastdecode.FastForward), (gpt2, fastgpt2.GPT2Forward)):
+        want = hf_logits(lm, PROMPT)
+        runner = family(lm.model, compiled, gemv=gemv)
+        assert {piece["rows"] for piece in runner.pieces().values()} == {"thin"}
+        # a prefill of 4, one row, a verify of the rest: several rows run it, one row it or the compiled reduce
+        torch.testing.assert_close(fast_logits(runner, PROMPT), want, rtol=1e-4, atol=1e-4)
+
+
+@needs_thin
+@needs_compiler
+def test_greedy_speculative_on_it_equals_greedy_autoregressive(small_llama_pair, monkeypatch):
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")
+    target, draft = small_llama_pair
+    greedy = SamplingConfig(temperature=0)
+    try:
+        for lm in (target, draft):
+            assert kernels.prepare(lm, "on").mode == "compiled"
+        assert fastdecode.runner_for(target.model).pieces()["down"]["rows"] == "thin"
+        want = list(Decoder(target, None, greedy, ignore_eos=True).generate(PROMPT, 24))
+        got = list(Decoder(target, draft, greedy, k=3, ignore_eos=True).generate(PROMPT, 24))
+        assert emitted(got) == emitted(want)
+        assert any(step.rejected_at is not None for step in got), "the draft must be rejected sometimes"
+    finally:
+        for lm in (target, draft):
+            fastdecode.uninstall(lm.model)
+
+
+def test_switched_off_it_is_no_candidate(monkeypatch):
+    monkeypatch.setenv("SPECVIEW_THINMM", "0")
+    thinmm.unavailable_reason.cache_clear()
+    try:
+        assert thinmm.unavailable_reason() == "SPECVIEW_THINMM=0" and not thinmm.available()
+        with pytest.raises(RuntimeError, match="cannot run here"):
+            fastlinear.pack(torch.randn(4, 4), "thin")
+    finally:
+        thinmm.unavailable_reason.cache_clear()
