@@ -17,7 +17,7 @@ each function into a few C++ kernels; the same two compiled functions serve all 
 are arguments), so a 30-layer model compiles two small graphs, not one long one, and the compiled
 functions are kept on disk (compiler.py). Each function is compiled twice: for one row (a token) and
 for several (a verify, a prefill: one graph whose row count is symbolic). Several rows multiply by
-packed weights (oneDNN's or MLAS's: fastlinear.product), operators the graph calls as they are; the
+packed weights (oneDNN's, MLAS's or thinmm's: fastlinear.product), operators the graph calls as they are; the
 norms, rotary and activations around them fuse (a 5-row verify of SmolLM2-135M: 49 against 55 ms
 eager, 1 thread, AVX-512 EPYC).
 
@@ -103,7 +103,7 @@ def linear(x: torch.Tensor, w, gemv: str) -> torch.Tensor:
     """x [rows, in] times a weight: ('dense', W [out, in], W packed for oneDNN | None, bias | None) or
     ('int4', packed, scales_and_zeros, group, bias | None). `gemv` is the kernel for one row: 'reduce' (a
     multiply-and-sum that inductor vectorizes), 'packed' (the packed copy) or 'mm' (F.linear); several rows
-    take the packed copy when there is one, else F.linear. A packed copy is oneDNN's or MLAS's, whichever
+    take the packed copy when there is one, else F.linear. A packed copy is oneDNN's, MLAS's or thinmm's, whichever
     fastlinear's probe found faster for this shape; its product runs the kernel that packed it."""
     if w[0] == "int4":
         # torch's int4 kernel in every case: written as torch ops (unpack, scale, multiply, sum), inductor's
@@ -276,7 +276,7 @@ class FastForward:
                 shape, dtype, one_row, rows = [w[1].shape[0], w[2].shape[0] * w[3]], "int4", "int4", "int4"
             else:
                 shape, dtype = list(w[1].shape), str(w[1].dtype).removeprefix("torch.")
-                rows = {"stock": "mm"}.get(kernel_of(w[2]), kernel_of(w[2]))  # mm, packed (oneDNN) or mlas
+                rows = {"stock": "mm"}.get(kernel_of(w[2]), kernel_of(w[2]))  # mm, packed (oneDNN), mlas or thin
                 one_row = rows if not self.compiled or self.gemv == "packed" else self.gemv
             out[name] = {"shape": shape, "dtype": dtype, "one_row": one_row, "rows": rows,
                          "fused": group[0] == "fused" and name in ("qkv", "gate_up")}
@@ -427,7 +427,11 @@ def _functions(backend: str, eager: _Fns, rows: bool = False) -> _Fns:
     from specview import compiler
 
     if backend == "aot":
-        here = (__file__,)  # another family's functions (fastgpt2) call this file's linear and attend
+        # another family's functions (fastgpt2) call this file's linear and attend; linear calls fastlinear's
+        # products, and one of them is thinmm's operator (its schema is part of a built graph)
+        from specview import fastlinear, thinmm
+
+        here = (__file__, fastlinear.__file__, thinmm.SOURCE)
         halves = (compiler.AotFunction(fn, ROW_DIMS if rows else None, sources=here)
                   for fn in (eager.attn_in, eager.attn_out, eager.head))
         return _Fns(*halves, compiler.AotFunction(eager.layer, LAYER_ROWS_DIMS if rows else LAYER_DIMS,

@@ -16,8 +16,9 @@ rows (a prefill of 8 to 512 tokens runs about 2x faster too). Measured on a 2-co
 On a CPU without AVX-512 oneDNN's packed product is far from that: on an AVX2 EPYC (Zen 3) it ran 5 rows at
 17-24 GFLOP/s. There MLAS, onnxruntime's kernel library (mlas.py), runs them at 50-70 on a copy it packs
 itself: 5 rows through all 210 matrices and the head in 28-30 ms against 52 for oneDNN, one thread. Which
-of F.linear ('stock'), oneDNN ('packed') and MLAS ('mlas') runs each weight shape is measured per machine
-(`chosen`).
+of F.linear ('stock'), oneDNN ('packed'), MLAS ('mlas') and specview's own thin-product kernel ('thin', thinmm.py:
+on a Xeon the one that read a 5-row product's weights near the memory's pace) runs each weight shape is measured
+per machine (`chosen`).
 
 The result is the same product up to float summation order (~1e-6 relative in float32), as with
 any change of kernel. The packed copy costs memory: one more copy of each model's linear weights (two with
@@ -176,7 +177,11 @@ def probe_matrices(dtype: torch.dtype, shape: tuple[int, int]) -> int:
 
 
 def probe_bytes() -> int:
-    return machine.past_caches(PROBE_BYTES)
+    """past_caches, but at most 1/16 of the memory available: the probe holds a copy per kernel at once (MLAS two),
+    ~2.4 GB at 600 MiB, and it runs beside the models being loaded."""
+    import psutil
+
+    return min(machine.past_caches(PROBE_BYTES), max(PROBE_BYTES, psutil.virtual_memory().available // 16))
 
 
 def probe_label() -> str:
@@ -225,11 +230,16 @@ def kernel_for(dtype: torch.dtype, shape: tuple[int, int], one_row: bool = True)
     mode = os.environ.get("SPECVIEW_FASTLINEAR", "auto")
     if mode == "0":  # before candidates(): no onnxruntime import and trial product for nothing
         return "stock"
-    here = candidates(dtype)
-    if mode in ("1", "mlas", "thin"):
+    if mode in ("1", "mlas", "thin"):  # only the kernel asked for is tried (not built or loaded: the others)
         kernel = "packed" if mode == "1" else mode
-        return kernel if kernel in here else "stock"
-    return chosen(dtype, shape, one_row) if len(here) > 1 else "stock"
+        return kernel if _runs(kernel, dtype) else "stock"
+    return chosen(dtype, shape, one_row) if len(candidates(dtype)) > 1 else "stock"
+
+
+def _runs(kernel: str, dtype: torch.dtype) -> bool:
+    if kernel == "packed":
+        return supported(dtype)
+    return dtype == torch.float32 and (mlas.available() if kernel == "mlas" else thinmm.available())
 
 
 def wanted(dtype: torch.dtype, shape: tuple[int, int], one_row: bool = True) -> bool:
@@ -290,7 +300,7 @@ def product(x: torch.Tensor, packed: torch.Tensor, bias, out_features: int) -> t
 
 
 def kernel_of(packed) -> str:
-    """'mlas', 'packed' or 'stock' (no copy): what runs a product on this copy, for --verbose and profiles."""
+    """'mlas', 'thin', 'packed' or 'stock' (no copy): what runs a product on this copy, for --verbose and profiles."""
     if packed is None:
         return "stock"
     return "mlas" if mlas.is_handle(packed) else "thin" if packed.dim() == 3 else "packed"

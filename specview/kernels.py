@@ -10,9 +10,9 @@
 
 Per piece (each distinct weight matrix of the fast forward: the fused q/k/v, o, the fused gate/up, down,
 the head; the embedding is a lookup), the one-row product runs as a compiled multiply-and-sum
-('reduce'), a compiled F.linear ('mm'), the packed copy with its kernel (MLAS or oneDNN: 'mlas' / 'packed' in
-the pieces) or torch's int4 kernel ('int4'); several rows run oneDNN on a
-packed copy ('packed') or MLAS on its own ('mlas'), where fastlinear's probe finds them faster, else F.linear
+('reduce'), a compiled F.linear ('mm'), the packed copy with its kernel (MLAS, thinmm or oneDNN: 'mlas' / 'thin' /
+'packed' in the pieces) or torch's int4 kernel ('int4'); several rows run oneDNN on a
+packed copy ('packed'), MLAS on its own ('mlas') or thinmm on the weight itself ('thin'), where fastlinear's probe finds them faster, else F.linear
 ('mm'), or 'int4'. Only
 kernels that compute the same product up to float summation order are chosen automatically: an
 `@int4` model keeps its codes, a float32 one its float32 weights.
@@ -180,7 +180,7 @@ def _probe_forward(lm, runner, rounds: int = 7) -> tuple[float, float]:
 def one_row_kernel(model, say=lambda msg: None) -> str:
     """'reduce', 'mm' or 'packed' for the compiled one-row products of this model's dtype: a compiled product of
     one row by the model's largest layer matrix, each way, over enough copies to stream from memory. 'packed' (the
-    weight's packed copy, with the kernel fastlinear's probe chose for its shape: MLAS or oneDNN) is a candidate
+    weight's packed copy, with the kernel fastlinear's probe chose for its shape: MLAS, thinmm or oneDNN) is a candidate
     where that probe found one: on an AVX2 EPYC MLAS read a one-row product's weights at about 21 GB/s against
     the compiled reduce's 17."""
     head = model.get_output_embeddings()

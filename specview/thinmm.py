@@ -1,8 +1,8 @@
 """specview's own kernel for thin float32 products (csrc/thinmm.cpp): a verify's K+1 rows by a weight, read once.
 
 Built at first use with torch's C++ extension tooling (ninja and the C++ compiler torch's inductor already
-needs), for the CPU in hand (-march=native; AVX2 and FMA at least), into torch's extensions folder under a name
-that holds the source's hash and the host's CPU key: another CPU or another source is built again, and a later
+needs; ~11 s), for the CPU in hand (-march=native; AVX2 and FMA at least), into `<cache dir>/thinmm` under a
+name that holds the source's hash and the CPU's flags: another CPU or another source is built again, and a later
 start only loads the library (~0.1 s). It reads the weight in its own layout, so it costs no copy of the
 weights, unlike oneDNN's packed copy and MLAS's two.
 
@@ -16,10 +16,13 @@ unless it measured faster. Where it cannot be built (no compiler, no ninja, no A
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import os
-import time
+import shutil
+import sys
+import tempfile
 
 import torch
 
@@ -28,12 +31,28 @@ FLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for runs on
 
 
 def _name() -> str:
+    """The library's name: its source, flags, torch and the CPU's whole flag list (-march=native uses them all:
+    a binary built for other flags could stop on an illegal instruction, which no Python handler catches)."""
+    with open(SOURCE, "rb") as f:
+        text = f.read() + " ".join(FLAGS).encode() + torch.__version__.encode() + _cpu_flags_line().encode()
+    return "specview_thinmm_" + hashlib.sha256(text).hexdigest()[:16]
+
+
+def _cpu_flags_line() -> str:
     from specview import machine
 
-    with open(SOURCE, "rb") as f:
-        source = f.read()
-    text = source + " ".join(FLAGS).encode() + machine.host_key().encode() + torch.__version__.encode()
-    return "specview_thinmm_" + hashlib.sha256(text).hexdigest()[:16]
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line for line in f if line.startswith("flags")), machine.host_key())
+    except OSError:
+        return machine.host_key()
+
+
+def build_dir() -> str:
+    """Where built libraries live: in specview's cache folder (deleting it rebuilds them)."""
+    from specview.weights_cache import cache_dir
+
+    return str(cache_dir() / "thinmm")
 
 
 @functools.cache
@@ -77,24 +96,60 @@ def _has_fma() -> bool:
         return False
 
 
-BUILD_SECONDS: list[float] = []  # how long this process spent building (the first start on a machine: ~25 s)
-
-
 def _load() -> None:
-    """Load the built library, building it first where it is not built yet (a lock keeps parallel processes from
-    building it twice: torch's own)."""
-    from torch.utils import cpp_extension
-
-    name = _name()
-    library = os.path.join(cpp_extension._get_build_directory(name, False), f"{name}.so")
+    """Load the built library, building it first where it is not built yet. The build runs under an flock (freed
+    by the kernel when its holder dies, unlike a lock file) in a folder of its own and the library is moved into
+    place whole, so a second process never loads a half-written file; one that fails to load is built again once."""
+    if _defined():  # loaded already (from another cache folder, say): a second TORCH_LIBRARY aborts the process
+        _register_fake()
+        return
+    folder = build_dir()
+    library = os.path.join(folder, _name() + ".so")
+    os.makedirs(folder, exist_ok=True)
     if os.path.exists(library):
-        torch.ops.load_library(library)  # no ninja run: what a warm start pays is the load alone
-    else:
-        t0 = time.perf_counter()
-        cpp_extension.load(name=name, sources=[SOURCE], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-                           is_python_module=False, verbose=False)
-        BUILD_SECONDS.append(time.perf_counter() - t0)
+        try:
+            torch.ops.load_library(library)  # no compiler, no ninja: what a warm start pays is the load alone
+            _register_fake()
+            return
+        except Exception:  # noqa: BLE001 - damaged (a disk filled up mid-copy): built again below
+            os.remove(library)
+    with open(library + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(library):  # another process may have built it while this one waited
+            _build(folder, library)
+    torch.ops.load_library(library)
     _register_fake()
+
+
+def _defined() -> bool:
+    try:
+        torch.ops.specview_thinmm.linear  # noqa: B018 - the lookup is the question
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _build(folder: str, library: str) -> None:
+    from torch.utils import cpp_extension  # imported only to build: it pulls in setuptools
+
+    # torch finds ninja on PATH: put the ninja that pip installed beside this interpreter there (a venv's bin
+    # folder is not on PATH when its programs are called by their full path)
+    try:
+        import ninja
+
+        bins = [ninja.BIN_DIR]
+    except (ImportError, AttributeError):
+        bins = []
+    bins.append(os.path.dirname(sys.executable))
+    os.environ["PATH"] = os.pathsep.join([*bins, os.environ.get("PATH", "")])
+    scratch = tempfile.mkdtemp(prefix="build-", dir=folder)
+    try:
+        name = os.path.basename(library)[: -len(".so")]
+        cpp_extension.load(name=name, sources=[SOURCE], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                           build_directory=scratch, is_python_module=False, verbose=False)
+        os.replace(os.path.join(scratch, name + ".so"), library)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

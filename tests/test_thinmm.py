@@ -2,7 +2,10 @@
 sizes (tails of features and of output rows), eager and inside compiled forwards, the same greedy tokens, no copy
 of the weight, and built wherever a C++ compiler and AVX2 are there."""
 
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -104,3 +107,20 @@ def test_switched_off_it_is_no_candidate(monkeypatch):
             fastlinear.pack(torch.randn(4, 4), "thin")
     finally:
         thinmm.unavailable_reason.cache_clear()
+
+
+@needs_thin
+def test_a_damaged_library_is_built_again(tmp_path):
+    """A library cut short (a disk that filled up, a copy interrupted) must not lose the kernel for good. In a
+    process of its own: this one has the operator already, and a library defines it once per process."""
+    env = {**os.environ, "SPECVIEW_CACHE_DIR": str(tmp_path)}
+    name = subprocess.run([sys.executable, "-c", "from specview import thinmm; print(thinmm._name())"], env=env,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    library = tmp_path / "thinmm" / f"{name}.so"
+    library.parent.mkdir()
+    library.write_bytes(b"\x7fELF cut short")
+    check = "from specview import thinmm; print(thinmm.unavailable_reason())"
+    done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr[-2000:]
+    assert library.stat().st_size > 10_000  # built again, in place
+    assert not [p for p in library.parent.iterdir() if p.name.startswith("build-")]  # its scratch folder gone

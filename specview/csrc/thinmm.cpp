@@ -18,7 +18,7 @@
 namespace {
 
 constexpr int64_t PREFETCH = 8192;  // bytes ahead; 2-16 KiB measured, 8 KiB best
-constexpr int MAX_M = 8;            // rows per pass; more rows take several passes over the weight
+constexpr int MAX_M = 8;            // rows in registers at once; more rows go through in groups (grouped)
 
 #if defined(__AVX512F__)
 using vec = __m512;
@@ -82,6 +82,26 @@ void pass(const float* x, const float* w, float* y, int64_t K, int64_t N) {
   for (int64_t n = blocks * B; n < N; ++n) block<M, 1>(x, w, y, K, N, n);
 }
 
+// More than MAX_M rows (a prefill, a wide tree): groups of MAX_M rows meet each block of weight rows while it is
+// in cache, so the weights still come from memory once, not once per group.
+template <int M>
+inline void group(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t n) {
+  block<M, 1>(x, w, y, K, N, n);
+}
+using Group = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t);
+constexpr Group GROUPS[MAX_M] = {group<1>, group<2>, group<3>, group<4>, group<5>, group<6>, group<7>, group<8>};
+
+void grouped(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N) {
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t m0 = 0; m0 < M; m0 += MAX_M) {
+        const int64_t rows = std::min<int64_t>(MAX_M, M - m0);
+        GROUPS[rows - 1](x + m0 * K, w, y + m0 * N, K, N, n);
+      }
+    }
+  });
+}
+
 using Pass = void (*)(const float*, const float*, float*, int64_t, int64_t);
 constexpr Pass PASSES[MAX_M] = {pass<1>, pass<2>, pass<3>, pass<4>, pass<5>, pass<6>, pass<7>, pass<8>};
 
@@ -92,9 +112,11 @@ at::Tensor thin_linear(const at::Tensor& x_in, const at::Tensor& w_in) {
   const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
-  for (int64_t m0 = 0; m0 < M; m0 += MAX_M) {
-    const int64_t rows = std::min<int64_t>(MAX_M, M - m0);
-    PASSES[rows - 1](x.data_ptr<float>() + m0 * K, w.data_ptr<float>(), y.data_ptr<float>() + m0 * N, K, N);
+  if (M == 0 || N == 0) return y;
+  if (M <= MAX_M) {
+    PASSES[M - 1](x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), K, N);
+  } else {
+    grouped(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), M, K, N);
   }
   return y;
 }
