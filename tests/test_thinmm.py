@@ -27,7 +27,7 @@ def test_it_is_built_wherever_it_can_be():
 
 
 @needs_thin
-@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 8, 9, 17])  # 9 and 17: more rows than one pass takes (8)
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 6, 9, 11, 17])  # past 5: in groups of 5 (and a group of 1)
 @pytest.mark.parametrize("shape", [(1, 1), (4, 16), (5, 17), (37, 53), (67, 576), (13, 1536)])
 def test_its_product_is_f_linear_up_to_summation_order(rows, shape):
     torch.manual_seed(rows)
