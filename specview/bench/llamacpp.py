@@ -11,8 +11,9 @@ a full prefill every run. What differs is the kernels: llama.cpp runs the file's
 reported, not required to be equal. Its sampler cuts top-p before temperature (llama.cpp's order; ours and
 transformers' apply temperature first), so with top-p < 1 and temperature != 1 the laws differ slightly.
 
-llama-cpp-python is an optional extra: a missing package, a target that is not a .gguf file or a file
-llama.cpp cannot load skips the peer with one line, and bench goes on.
+llama-cpp-python is an optional extra: a missing package, a target that is not a .gguf file, a file
+llama.cpp cannot load or a build that dies decoding on this machine (drafters/llamacpp.crash_reason: a
+trial in a process of its own) skips the peer with one line, and bench goes on.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from importlib.metadata import PackageNotFoundError, version
 import torch
 
 from specview.bench.record import RunRecord
+from specview.drafters.llamacpp import crash_reason
 from specview.drafters.ngram import DEFAULT_MAX
 from specview.engine import eos_token_ids
 from specview.stopping import Stop
@@ -51,7 +53,7 @@ def unavailable(target_spec: str) -> str | None:
         return NOT_INSTALLED
     except OSError as err:  # the package is there but its library does not load (built for another CPU)
         return f"llama-cpp-python cannot load its library: {err}"
-    return None
+    return crash_reason(gguf_path(target_spec))  # a build that dies decoding here would take bench with it
 
 
 def llama_cpp_version() -> str | None:

@@ -19,6 +19,7 @@ it the spec fails in one line naming the install. Not a tree drafter: llama.cpp'
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -55,6 +56,9 @@ class LlamaCppDrafter:
             raise SpecviewError(f"--draft {spec}: {NOT_INSTALLED}") from err
         except OSError as err:  # the package is there but its library does not load (built for another CPU)
             raise SpecviewError(f"--draft {spec}: llama-cpp-python cannot load its library: {err}") from err
+        crash = crash_reason(path)  # a build that dies decoding here would take the whole run with it
+        if crash is not None:
+            raise SpecviewError(f"--draft {spec}: {crash}")
         threads = torch.get_num_threads()  # --threads, as every forward of the run
         self.spec, self.path = spec, path
         # The positions its cache holds (the engine and the session's context check read it, as a model's): the
@@ -132,3 +136,60 @@ class LlamaCppDrafter:
 
     def keep_rows(self, state, base: int, rows: list[int]) -> None:
         raise SpecviewError("llamacpp drafts chains only")
+
+
+TRIAL_FILE = "llamacpp.json"  # in the cache folder: one trial per machine, llama-cpp-python build and file
+TRIAL = """
+import sys
+from llama_cpp import Llama
+llm = Llama(sys.argv[1], n_ctx=64, n_threads=int(sys.argv[2]), verbose=False)
+llm.eval([llm.token_bos(), 1, 2, 3])
+"""
+
+
+def crash_reason(path: str) -> str | None:
+    """Why llama.cpp cannot decode here although it loads, or None: a short decode in a process of its own. A
+    build can hold instructions the machine refuses: on a Xeon VM llama.cpp's own build (-march=native) ran AMX
+    tile instructions, which that VM does not pass through, and died of SIGILL, taking the whole process with it.
+    Tried once per machine, llama-cpp-python build and file (~2 s), the outcome kept in the cache folder."""
+    import signal
+    import subprocess
+    import sys
+
+    from importlib.util import find_spec
+
+    from specview import machine
+
+    found = find_spec("llama_cpp")  # where its library lies, without loading it here
+    lib = os.path.join(os.path.dirname(found.origin), "lib") if found and found.origin else ""
+    built = max((os.path.getmtime(os.path.join(lib, f)) for f in os.listdir(lib)), default=0.0) if os.path.isdir(lib) else 0.0
+    key = f"{machine.host_key()}/llama-cpp-python {_version()} built {built:.0f}/{os.path.realpath(path)}"
+    cached = machine.read_cached(TRIAL_FILE)
+    if isinstance(cached.get(key), dict) and "crash" in cached[key]:
+        return cached[key]["crash"]
+    try:
+        done = subprocess.run([sys.executable, "-c", TRIAL, path, str(torch.get_num_threads())],
+                              capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return "llama.cpp did not finish a 4-token trial decode in 5 minutes"
+    if done.returncode > 0:  # a Python error (a file it cannot load): said when the file is loaded for real
+        return None
+    crash = None
+    if done.returncode < 0:
+        crash = (f"llama.cpp died of {signal.Signals(-done.returncode).name} in a trial decode: its build runs "
+                 "instructions this machine refuses (AMX in a VM, say); rebuild it without them, e.g. "
+                 "CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON\" "
+                 "pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python")
+    cached = machine.read_cached(TRIAL_FILE)
+    cached[key] = {"crash": crash, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    machine.store_cached(TRIAL_FILE, cached)
+    return crash
+
+
+def _version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llama-cpp-python")
+    except PackageNotFoundError:
+        return None
