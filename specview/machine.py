@@ -29,17 +29,22 @@ def cpu_name() -> str:
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "avx_vnni")
 
 
-def cpu_flags() -> list[str]:
-    """The ISA_FLAGS this CPU has, in that order (from /proc/cpuinfo; empty where it does not exist)."""
+def all_cpu_flags() -> set[str]:
+    """Every flag /proc/cpuinfo lists for this CPU (empty where it does not exist)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    return [flag for flag in ISA_FLAGS if flag in have]
+                    return set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return []
+    return set()
+
+
+def cpu_flags() -> list[str]:
+    """The ISA_FLAGS this CPU has, in that order."""
+    have = all_cpu_flags()
+    return [flag for flag in ISA_FLAGS if flag in have]
 
 
 def cpu_summary() -> str:

@@ -26,6 +26,8 @@ import tempfile
 
 import torch
 
+from specview import machine
+
 SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "thinmm.cpp")
 FLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for runs on torch's own threads only with it
 
@@ -34,18 +36,9 @@ def _name() -> str:
     """The library's name: its source, flags, torch and the CPU's whole flag list (-march=native uses them all:
     a binary built for other flags could stop on an illegal instruction, which no Python handler catches)."""
     with open(SOURCE, "rb") as f:
-        text = f.read() + " ".join(FLAGS).encode() + torch.__version__.encode() + _cpu_flags_line().encode()
+        text = f.read() + " ".join(FLAGS).encode() + torch.__version__.encode()
+        text += " ".join(sorted(machine.all_cpu_flags())).encode()
     return "specview_thinmm_" + hashlib.sha256(text).hexdigest()[:16]
-
-
-def _cpu_flags_line() -> str:
-    from specview import machine
-
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line for line in f if line.startswith("flags")), machine.host_key())
-    except OSError:
-        return machine.host_key()
 
 
 def build_dir() -> str:
@@ -58,11 +51,9 @@ def build_dir() -> str:
 @functools.cache
 def unavailable_reason() -> str | None:
     """None where the kernel is built (or was) and agrees with F.linear here, else why not (one phrase)."""
-    from specview import machine
-
     if os.environ.get("SPECVIEW_THINMM", "1") == "0":
         return "SPECVIEW_THINMM=0"
-    if not {"avx2"} <= set(machine.cpu_flags()) or not _has_fma():
+    if not {"avx2", "fma"} <= machine.all_cpu_flags():
         return "this CPU has no AVX2 and FMA"
     try:
         _load()
@@ -86,14 +77,6 @@ def require() -> None:
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"specview's thin-product kernel cannot run here: {reason}")
-
-
-def _has_fma() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return any(line.startswith("flags") and " fma " in f" {line.split(':', 1)[1]} " for line in f)
-    except OSError:
-        return False
 
 
 def _load() -> None:

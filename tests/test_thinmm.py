@@ -10,18 +10,16 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from test_compiled import PROMPT, emitted, fast_logits, gpt2_variant, hf_logits, needs_compiler
+from test_compiled import check_fast_forwards_on, check_greedy_speculative_on, needs_compiler
 
-from specview import fastdecode, fastgpt2, fastlinear, kernels, machine, thinmm
-from specview.engine import Decoder
-from specview.settings import SamplingConfig
+from specview import fastlinear, machine, thinmm
 
 needs_thin = pytest.mark.skipif(not thinmm.available(), reason=f"no thin kernel here: {thinmm.unavailable_reason()}")
 
 
 def test_it_is_built_wherever_it_can_be():
     """A machine with AVX2, FMA and a C++ compiler that silently lost the kernel would lose it from every probe."""
-    if "avx2" not in machine.cpu_flags() or not thinmm._has_fma() or shutil.which("c++") is None:
+    if not {"avx2", "fma"} <= machine.all_cpu_flags() or shutil.which("c++") is None:
         pytest.skip("no AVX2, FMA or C++ compiler here")
     assert thinmm.unavailable_reason() is None
 
@@ -69,33 +67,14 @@ def test_fastlinear_runs_it_on_the_weight_itself(bias):
 def test_fast_forwards_on_it_compute_what_transformers_computes(small_llama_pair, small_vocab_pair, compiled, gemv,
                                                                 monkeypatch):
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")
-    llama, _ = small_llama_pair
-    gpt2 = gpt2_variant(small_vocab_pair[0], "float32")
-    for lm, family in ((llama, fastdecode.FastForward), (gpt2, fastgpt2.GPT2Forward)):
-        want = hf_logits(lm, PROMPT)
-        runner = family(lm.model, compiled, gemv=gemv)
-        assert {piece["rows"] for piece in runner.pieces().values()} == {"thin"}
-        # a prefill of 4, one row, a verify of the rest: several rows run it, one row it or the compiled reduce
-        torch.testing.assert_close(fast_logits(runner, PROMPT), want, rtol=1e-4, atol=1e-4)
+    check_fast_forwards_on("thin", small_llama_pair, small_vocab_pair, compiled, gemv)
 
 
 @needs_thin
 @needs_compiler
 def test_greedy_speculative_on_it_equals_greedy_autoregressive(small_llama_pair, monkeypatch):
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")
-    target, draft = small_llama_pair
-    greedy = SamplingConfig(temperature=0)
-    try:
-        for lm in (target, draft):
-            assert kernels.prepare(lm, "on").mode == "compiled"
-        assert fastdecode.runner_for(target.model).pieces()["down"]["rows"] == "thin"
-        want = list(Decoder(target, None, greedy, ignore_eos=True).generate(PROMPT, 24))
-        got = list(Decoder(target, draft, greedy, k=3, ignore_eos=True).generate(PROMPT, 24))
-        assert emitted(got) == emitted(want)
-        assert any(step.rejected_at is not None for step in got), "the draft must be rejected sometimes"
-    finally:
-        for lm in (target, draft):
-            fastdecode.uninstall(lm.model)
+    check_greedy_speculative_on("thin", small_llama_pair)
 
 
 def test_switched_off_it_is_no_candidate(monkeypatch):

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import os
 import time
-from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
 from specview.bench.record import RunRecord
-from specview.drafters.llamacpp import crash_reason
+from specview.drafters.llamacpp import crash_reason, llama_cpp_version
 from specview.drafters.ngram import DEFAULT_MAX
 from specview.engine import eos_token_ids
 from specview.stopping import Stop
@@ -54,13 +53,6 @@ def unavailable(target_spec: str) -> str | None:
     except OSError as err:  # the package is there but its library does not load (built for another CPU)
         return f"llama-cpp-python cannot load its library: {err}"
     return crash_reason(gguf_path(target_spec))  # a build that dies decoding here would take bench with it
-
-
-def llama_cpp_version() -> str | None:
-    try:
-        return version("llama-cpp-python")
-    except PackageNotFoundError:
-        return None
 
 
 class LlamaCppMethod:

@@ -155,7 +155,6 @@ def crash_reason(path: str) -> str | None:
     import signal
     import subprocess
     import sys
-
     from importlib.util import find_spec
 
     from specview import machine
@@ -163,7 +162,7 @@ def crash_reason(path: str) -> str | None:
     found = find_spec("llama_cpp")  # where its library lies, without loading it here
     lib = os.path.join(os.path.dirname(found.origin), "lib") if found and found.origin else ""
     built = max((os.path.getmtime(os.path.join(lib, f)) for f in os.listdir(lib)), default=0.0) if os.path.isdir(lib) else 0.0
-    key = f"{machine.host_key()}/llama-cpp-python {_version()} built {built:.0f}/{os.path.realpath(path)}"
+    key = f"{machine.host_key()}/llama-cpp-python {llama_cpp_version()} built {built:.0f}/{os.path.realpath(path)}"
     cached = machine.read_cached(TRIAL_FILE)
     if isinstance(cached.get(key), dict) and "crash" in cached[key]:
         return cached[key]["crash"]
@@ -186,7 +185,7 @@ def crash_reason(path: str) -> str | None:
     return crash
 
 
-def _version() -> str | None:
+def llama_cpp_version() -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
