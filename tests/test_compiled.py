@@ -131,6 +131,39 @@ def emitted(steps) -> list[int]:
     return [token for step in steps for token in step.emitted]
 
 
+def check_fast_forwards_on(kernel: str, small_llama_pair, small_vocab_pair, compiled: bool, gemv: str) -> None:
+    """With SPECVIEW_FASTLINEAR=`kernel` set by the caller: the Llama and GPT-2 fast forwards run every several-row
+    product on it, one row on it or the compiled reduce, and compute what transformers computes (a prefill of 4,
+    one row, a verify of the rest)."""
+    llama, _ = small_llama_pair
+    gpt2 = gpt2_variant(small_vocab_pair[0], "float32")
+    for lm, family in ((llama, fastdecode.FastForward), (gpt2, fastgpt2.GPT2Forward)):
+        want = hf_logits(lm, PROMPT)
+        runner = family(lm.model, compiled, gemv=gemv)
+        assert {piece["rows"] for piece in runner.pieces().values()} == {kernel}
+        assert {piece["one_row"] for piece in runner.pieces().values()} == {kernel if gemv == "packed" or not compiled
+                                                                           else "reduce"}
+        torch.testing.assert_close(fast_logits(runner, PROMPT), want, rtol=1e-4, atol=1e-4)
+
+
+def check_greedy_speculative_on(kernel: str, small_llama_pair) -> None:
+    """With SPECVIEW_FASTLINEAR=`kernel` set by the caller: greedy speculative decoding on compiled forwards whose
+    verify runs that kernel emits greedy autoregressive decoding's tokens, with rejections on the way."""
+    target, draft = small_llama_pair
+    greedy = SamplingConfig(temperature=0)
+    try:
+        for lm in (target, draft):
+            assert kernels.prepare(lm, "on").mode == "compiled"
+        assert fastdecode.runner_for(target.model).pieces()["down"]["rows"] == kernel
+        want = list(Decoder(target, None, greedy, ignore_eos=True).generate(PROMPT, 24))
+        got = list(Decoder(target, draft, greedy, k=3, ignore_eos=True).generate(PROMPT, 24))
+        assert emitted(got) == emitted(want)
+        assert any(step.rejected_at is not None for step in got), "the draft must be rejected sometimes"
+    finally:
+        for lm in (target, draft):
+            fastdecode.uninstall(lm.model)
+
+
 @pytest.fixture
 def compiled_pair(small_llama_pair):
     target, draft = small_llama_pair

@@ -7,11 +7,9 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from test_compiled import PROMPT, emitted, fast_logits, gpt2_variant, hf_logits, needs_compiler
+from test_compiled import check_fast_forwards_on, check_greedy_speculative_on, needs_compiler
 
-from specview import fastdecode, fastgpt2, fastlinear, kernels, mlas
-from specview.engine import Decoder
-from specview.settings import SamplingConfig
+from specview import fastlinear, kernels, mlas
 
 needs_mlas = pytest.mark.skipif(not mlas.available(), reason=f"no MLAS here: {mlas.unavailable_reason()}")
 
@@ -62,35 +60,14 @@ def test_nn_linear_runs_it_inside_the_engine_only(monkeypatch):
 def test_fast_forwards_on_mlas_compute_what_transformers_computes(small_llama_pair, small_vocab_pair, compiled, gemv,
                                                                    monkeypatch):
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
-    llama, _ = small_llama_pair
-    gpt2 = gpt2_variant(small_vocab_pair[0], "float32")
-    for lm, family in ((llama, fastdecode.FastForward), (gpt2, fastgpt2.GPT2Forward)):
-        want = hf_logits(lm, PROMPT)
-        runner = family(lm.model, compiled, gemv=gemv)
-        assert {piece["rows"] for piece in runner.pieces().values()} == {"mlas"}
-        assert {piece["one_row"] for piece in runner.pieces().values()} == {"mlas" if gemv == "packed" or not compiled
-                                                                           else "reduce"}
-        # a prefill of 4, one row, a verify of the rest: several rows run MLAS, one row MLAS or the compiled reduce
-        torch.testing.assert_close(fast_logits(runner, PROMPT), want, rtol=1e-4, atol=1e-4)
+    check_fast_forwards_on("mlas", small_llama_pair, small_vocab_pair, compiled, gemv)
 
 
 @needs_mlas
 @needs_compiler
 def test_greedy_speculative_on_mlas_equals_greedy_autoregressive(small_llama_pair, monkeypatch):
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
-    target, draft = small_llama_pair
-    greedy = SamplingConfig(temperature=0)
-    try:
-        for lm in (target, draft):
-            assert kernels.prepare(lm, "on").mode == "compiled"
-        assert fastdecode.runner_for(target.model).pieces()["down"]["rows"] == "mlas"
-        want = list(Decoder(target, None, greedy, ignore_eos=True).generate(PROMPT, 24))
-        got = list(Decoder(target, draft, greedy, k=3, ignore_eos=True).generate(PROMPT, 24))
-        assert emitted(got) == emitted(want)
-        assert any(step.rejected_at is not None for step in got), "the draft must be rejected sometimes"
-    finally:
-        for lm in (target, draft):
-            fastdecode.uninstall(lm.model)
+    check_greedy_speculative_on("mlas", small_llama_pair)
 
 
 @pytest.mark.parametrize("mlas_rows, one_row, expected", [
