@@ -97,9 +97,7 @@ KERNELS = ("stock", "packed", "mlas", "thin")
 
 def candidates(dtype: torch.dtype) -> tuple[str, ...]:
     """The kernels that can run a product of this dtype here (stock always)."""
-    return ("stock",) + (("packed",) if supported(dtype) else ()) + (
-        ("mlas",) if dtype == torch.float32 and mlas.available() else ()) + (
-        ("thin",) if dtype == torch.float32 and thinmm.available() else ())
+    return ("stock",) + tuple(kernel for kernel in KERNELS[1:] if _runs(kernel, dtype))
 
 
 def label(kernel: str) -> str:
@@ -177,11 +175,12 @@ def probe_matrices(dtype: torch.dtype, shape: tuple[int, int]) -> int:
 
 
 def probe_bytes() -> int:
-    """past_caches, but at most 1/16 of the memory available: the probe holds a copy per kernel at once (MLAS two),
-    ~2.4 GB at 600 MiB, and it runs beside the models being loaded."""
+    """past_caches, but at most 1/32 of the machine's memory: the probe holds a copy per kernel at once (MLAS two),
+    ~2.4 GB at 600 MiB, beside the models being loaded. Of the total, not of what is free: the size names the
+    cached choice, and one that moved with free memory would be probed again at every start."""
     import psutil
 
-    return min(machine.past_caches(PROBE_BYTES), max(PROBE_BYTES, psutil.virtual_memory().available // 16))
+    return min(machine.past_caches(PROBE_BYTES), max(PROBE_BYTES, psutil.virtual_memory().total // 32))
 
 
 def probe_label() -> str:
@@ -237,6 +236,8 @@ def kernel_for(dtype: torch.dtype, shape: tuple[int, int], one_row: bool = True)
 
 
 def _runs(kernel: str, dtype: torch.dtype) -> bool:
+    """Whether `kernel` (not stock) can run a product of this dtype here: oneDNN where it supports the dtype, MLAS
+    and thin in float32 where they load (each tried only when asked: thin is built on its first question)."""
     if kernel == "packed":
         return supported(dtype)
     return dtype == torch.float32 and (mlas.available() if kernel == "mlas" else thinmm.available())
