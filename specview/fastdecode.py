@@ -106,10 +106,14 @@ def linear(x: torch.Tensor, w, gemv: str) -> torch.Tensor:
     take the packed copy when there is one, else F.linear. A packed copy is oneDNN's, MLAS's or thinmm's, whichever
     fastlinear's probe found faster for this shape; its product runs the kernel that packed it."""
     if w[0] == "int4":
-        # torch's int4 kernel in every case: written as torch ops (unpack, scale, multiply, sum), inductor's
-        # one-row loop over 4-bit codes ran 2-4x slower than the kernel (AVX-512 EPYC, torch 2.13).
-        _, packed, sz, group, bias, _codes = w
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, sz).to(x.dtype)
+        # torch's int4 kernel, or thinmm's (`thin`: its copy of the codes) where it measured faster. Not written as
+        # torch ops (unpack, scale, multiply, sum): inductor's one-row loop over 4-bit codes ran 2-4x slower than
+        # torch's kernel (AVX-512 EPYC, torch 2.13).
+        _, packed, sz, group, bias, _halves, thin = w
+        if thin is not None:
+            y = torch.ops.specview_thinmm.int4_linear(x, thin[0], thin[1], group)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, sz).to(x.dtype)
         return y if bias is None else y + bias
     _, weight, packed, bias = w
     if x.shape[0] == 1 and gemv == "reduce":
@@ -272,8 +276,9 @@ class FastForward:
         out = {}
         for name, group in named.items():
             w = group[1]
-            if w[0] == "int4":
-                shape, dtype, one_row, rows = [w[1].shape[0], w[2].shape[0] * w[3]], "int4", "int4", "int4"
+            if w[0] == "int4":  # torch's int4 kernel ('int4') or thinmm's ('thin'), for every row count
+                kernel = "int4" if w[6] is None else "thin"
+                shape, dtype, one_row, rows = [w[2].shape[1], w[2].shape[0] * w[3]], "int4", kernel, kernel
             else:
                 shape, dtype = list(w[1].shape), str(w[1].dtype).removeprefix("torch.")
                 rows = {"stock": "mm"}.get(kernel_of(w[2]), kernel_of(w[2]))  # mm, packed (oneDNN), mlas or thin
@@ -352,9 +357,30 @@ def _weight(module, one_row: bool = True):
     """A linear module as linear()'s weight tuple (nn.Linear or drafters.int4.Int4Linear). `one_row`: whether a
     packed copy would serve one-row products too (FastForward.one_row_packed)."""
     if type(module).__name__ == "Int4Linear":
-        return ("int4", module.packed, module.scales_and_zeros, module.group_size, module.bias,
-                getattr(module, "halves", None))
+        return _int4_kernel(_int4(module))
     return _dense(module.weight.detach(), module.bias, one_row)
+
+
+def _int4(module):
+    """('int4', packed, scales_and_zeros, group, bias, halves, thin): torch's packed codes, and `thin` None until
+    _int4_kernel gives it thinmm's copy."""
+    return ("int4", module.packed, module.scales_and_zeros, module.group_size, module.bias,
+            getattr(module, "halves", None), None)
+
+
+def _int4_kernel(w):
+    """The int4 weight with thinmm's copy of its codes where fastlinear's probe finds that kernel faster for its
+    shape (every product then runs it), else as it is (torch's int4 kernel)."""
+    from specview import fastlinear, thinmm
+    from specview.int4 import join_halves
+
+    _, packed, scales_and_zeros, group, bias, halves, _ = w
+    if halves is None:  # codes on another device: torch's kernel
+        return w
+    shape = (halves.shape[0], halves.shape[1] * 2)
+    if fastlinear.int4_kernel(shape, group) != "thin":
+        return w
+    return ("int4", packed, scales_and_zeros, group, bias, halves, thinmm.pack_int4(join_halves(halves), scales_and_zeros))
 
 
 def _dense(weight: torch.Tensor, bias, one_row: bool = True):
@@ -383,9 +409,9 @@ def _fuse_int4(modules):
     again (0.25 s of a start for the bundled model)."""
     from specview.int4 import join_halves, pack_codes, packed_row_block
 
-    weights = [_weight(m) for m in modules]
-    if any(w[0] != "int4" or w[4] is not None or w[5] is None for w in weights) or len({w[3] for w in weights}) > 1:
-        return ("split", *weights)
+    weights = [_int4(m) if type(m).__name__ == "Int4Linear" else None for m in modules]
+    if any(w is None or w[4] is not None or w[5] is None for w in weights) or len({w[3] for w in weights}) > 1:
+        return ("split", *(_weight(m) for m in modules))
     halves = torch.cat([w[5] for w in weights])
     block = packed_row_block()
     if block and all(w[1].shape[0] % block == 0 for w in weights):
@@ -393,7 +419,7 @@ def _fuse_int4(modules):
     else:
         packed = pack_codes(join_halves(halves))
     scales_and_zeros = torch.cat([w[2] for w in weights], dim=1).contiguous()
-    return ("fused", ("int4", packed, scales_and_zeros, weights[0][3], None, halves))
+    return ("fused", _int4_kernel(("int4", packed, scales_and_zeros, weights[0][3], None, halves, None)))
 
 
 class _Fns:
@@ -431,7 +457,7 @@ def _functions(backend: str, eager: _Fns, rows: bool = False) -> _Fns:
         # products, and one of them is thinmm's operator (its schema is part of a built graph)
         from specview import fastlinear, thinmm
 
-        here = (__file__, fastlinear.__file__, thinmm.SOURCE)
+        here = (__file__, fastlinear.__file__, *thinmm.SOURCES)
         halves = (compiler.AotFunction(fn, ROW_DIMS if rows else None, sources=here)
                   for fn in (eager.attn_in, eager.attn_out, eager.head))
         return _Fns(*halves, compiler.AotFunction(eager.layer, LAYER_ROWS_DIMS if rows else LAYER_DIMS,

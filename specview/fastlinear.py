@@ -165,12 +165,12 @@ CLEAR_GAIN = 0.9  # a pass under 0.9x the other's time is a clear win
 NOISE = 1.03  # the other pass may be this much slower (best-of-5 timings on a shared machine differ by this much)
 
 
-def probe_matrices(dtype: torch.dtype, shape: tuple[int, int]) -> int:
+def probe_matrices(dtype: torch.dtype | None, shape: tuple[int, int]) -> int:
     """How many distinct matrices of this shape a kernel probe cycles through: enough to stream them from memory
     as a target's forward streams its weights (machine.past_caches), but at most PROBE_MATRICES (a small model's
     weights all fit in cache, and so do the probe's, as in its forward). Which kernel wins depends on it: on a
     Xeon with a 300 MiB L3 a compiled multiply-and-sum beat F.linear from cache and lost by 1.7x from memory."""
-    size = shape[0] * shape[1] * torch.finfo(dtype).bits // 8
+    size = shape[0] * shape[1] * (4 if dtype is None else torch.finfo(dtype).bits) // 8  # None: 4-bit codes
     return min(PROBE_MATRICES, max(2, -(-probe_bytes() // size)))
 
 
@@ -241,6 +241,76 @@ def _runs(kernel: str, dtype: torch.dtype) -> bool:
     if kernel == "packed":
         return supported(dtype)
     return dtype == torch.float32 and (mlas.available() if kernel == "mlas" else thinmm.available())
+
+
+def int4_kernel(shape: tuple[int, int], group: int) -> str:
+    """'int4' (torch's kernel on its packed codes) or 'thin' (thinmm's int4 kernel on its own copy of them) for an
+    `@int4` product of this weight shape [out, in] and group size: thin where the probe measures it faster here
+    (the same codes, scales and bfloat16 activations: the same product up to float rounding order). On the
+    Xeon torch's kernel read an int4 draft's codes at 12-13 GB/s, thin at 18. SPECVIEW_FASTLINEAR=0 keeps torch's,
+    thin forces thin (where it builds)."""
+    mode = os.environ.get("SPECVIEW_FASTLINEAR", "auto")
+    if mode not in ("auto", "thin") or shape[0] % thinmm.INT4_ROWS or shape[1] % group or not thinmm.available():
+        return "int4"
+    if mode == "thin":
+        return "thin"
+    return "thin" if beats(int4_probe_seconds(shape, group), "thin", "int4") else "int4"
+
+
+@functools.cache
+def int4_probe_seconds(shape: tuple[int, int], group: int) -> dict[str, float]:
+    """_probe_int4's figures, kept in CHOICE_FILE per machine as probe_seconds' are."""
+    key = (f"{machine.host_key()}/torch {torch.__version__}/int4 group {group}/{shape[0]}x{shape[1]}"
+           f"/threads={torch.get_num_threads()}/{PASSES}/{probe_label()}/int4+{label('thin')}")
+    names = [f"{kernel}_{rows}" for kernel in ("int4", "thin") for rows in ("one", "rows")]
+    cached = machine.read_cached(CHOICE_FILE)
+    entry = cached.get(key)
+    if isinstance(entry, dict) and all(machine.positive_number(entry.get(f"{name}_s")) for name in names):
+        return {name: entry[f"{name}_s"] for name in names}
+    seconds = _probe_int4(shape, group)
+    cached = machine.read_cached(CHOICE_FILE)
+    cached[key] = {**{f"{name}_s": s for name, s in seconds.items()},
+                   "kernel": "thin" if beats(seconds, "thin", "int4") else "int4",
+                   "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    machine.store_cached(CHOICE_FILE, cached)
+    return seconds
+
+
+def _probe_int4(shape: tuple[int, int], group: int, repeats: int = 5) -> dict[str, float]:
+    """Seconds for one pass of 1-row and PACK_ROWS-row bfloat16 products over probe_matrices' copies of one random
+    matrix of codes of this shape (as the float32 probe streams its weights), torch's kernel and thin's
+    interleaved, the best of `repeats`."""
+    from specview import int4
+
+    n, k = shape
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, shape, dtype=torch.int32, generator=generator)
+    scales_and_zeros = (torch.rand(k // group, n, 2, generator=generator) / 16).to(torch.bfloat16)
+    count = probe_matrices(None, shape)
+    weights = {"int4": (int4.pack_codes(codes), scales_and_zeros), "thin": thinmm.pack_int4(codes, scales_and_zeros)}
+    copies = {kernel: [tuple(t.clone() for t in w) for _ in range(count)] for kernel, w in weights.items()}
+    del codes, weights
+
+    def run(kernel, x):
+        if kernel == "int4":
+            for packed, sz in copies[kernel]:
+                torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, sz)
+        else:
+            for thin_codes, scales in copies[kernel]:
+                thinmm.int4_linear(x, thin_codes, scales, group)
+
+    inputs = {"one": torch.randn(1, k, dtype=torch.bfloat16), "rows": torch.randn(PACK_ROWS, k, dtype=torch.bfloat16)}
+    passes = {f"{kernel}_{rows}": (kernel, x) for kernel in copies for rows, x in inputs.items()}
+    best = dict.fromkeys(passes, float("inf"))
+    with torch.inference_mode():
+        for kernel, x in passes.values():  # warm-up: page faults
+            run(kernel, x)
+        for _ in range(repeats):
+            for name, (kernel, x) in passes.items():
+                t0 = time.perf_counter()
+                run(kernel, x)
+                best[name] = min(best[name], time.perf_counter() - t0)
+    return best
 
 
 def wanted(dtype: torch.dtype, shape: tuple[int, int], one_row: bool = True) -> bool:

@@ -1,12 +1,14 @@
-"""specview's own kernel for thin float32 products (csrc/thinmm.cpp): a verify's K+1 rows by a weight, read once.
+"""specview's own kernels for thin products: a verify's K+1 rows by a float32 weight, read once (csrc/thinmm.cpp),
+and a few rows by a weight of 4-bit codes, an `@int4` draft's every product (csrc/thinmm_int4.cpp).
 
 Built at first use with torch's C++ extension tooling (ninja and the C++ compiler torch's inductor already
 needs; ~11 s), for the CPU in hand (-march=native; AVX2 and FMA at least), into `<cache dir>/thinmm` under a
 name that holds the source's hash and the CPU's flags: another CPU or another source is built again, and a later
-start only loads the library (~0.1 s). It reads the weight in its own layout, so it costs no copy of the
-weights, unlike oneDNN's packed copy and MLAS's two.
+start only loads the library (~0.1 s). The float32 kernel reads the weight in its own layout, so it costs no copy
+of the weights, unlike oneDNN's packed copy and MLAS's two; the int4 kernel reads the codes in a layout of its own
+(`pack_int4`), a second copy beside the one torch's int4 kernel reads (transformers' own forward of the same module).
 
-To a compiled graph a product is `torch.ops.specview_thinmm.linear(x, w)`, an operator of C++ (no Python hop
+To a compiled graph a product is `torch.ops.specview_thinmm.linear(x, w)` (or `int4_linear`), an operator of C++ (no Python hop
 a call) that AOTInductor's graphs call by name: the library is loaded before any graph that uses it.
 
 fastlinear's probe decides per machine, dtype and shape whether this runs a forward's products: nothing here runs
@@ -28,17 +30,30 @@ import torch
 
 from specview import machine
 
-SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "thinmm.cpp")
+SOURCES = tuple(os.path.join(os.path.dirname(__file__), "csrc", name) for name in ("thinmm.cpp", "thinmm_int4.cpp"))
 FLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for runs on torch's own threads only with it
 
 
 def _name() -> str:
     """The library's name: its source, flags, torch and the CPU's whole flag list (-march=native uses them all:
     a binary built for other flags could stop on an illegal instruction, which no Python handler catches)."""
-    with open(SOURCE, "rb") as f:
-        text = f.read() + " ".join(FLAGS).encode() + torch.__version__.encode()
-        text += " ".join(sorted(machine.all_cpu_flags())).encode()
+    text = _sources() + " ".join(flags()).encode() + torch.__version__.encode()
+    text += " ".join(sorted(machine.all_cpu_flags())).encode()
     return "specview_thinmm_" + hashlib.sha256(text).hexdigest()[:16]
+
+
+def _sources() -> bytes:
+    out = b""
+    for source in SOURCES:
+        with open(source, "rb") as f:
+            out += f.read()
+    return out
+
+
+def flags() -> list[str]:
+    """FLAGS, and SPECVIEW_THINMM_CFLAGS after them: `-mno-avx512bf16` or `-mno-avx512f` builds the paths another
+    CPU would take (the tests run them), as another library, named by its flags."""
+    return FLAGS + os.environ.get("SPECVIEW_THINMM_CFLAGS", "").split()
 
 
 def build_dir() -> str:
@@ -57,12 +72,18 @@ def unavailable_reason() -> str | None:
         return "this CPU has no AVX2 and FMA"
     try:
         _load()
+        _register_fake()
     except Exception as err:  # noqa: BLE001 - no compiler, no ninja, a failed build: not here
         return f"it could not be built here: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     try:  # odd sizes on purpose: a tail of features and of output rows, more rows than one pass takes
         x, w = torch.randn(11, 53), torch.randn(37, 53)
         if not torch.allclose(linear(x, w), x @ w.T, rtol=1e-4, atol=1e-4):
             return "its product disagrees with F.linear"
+        x, codes = torch.randn(5, 64), torch.randint(0, 16, (48, 64), dtype=torch.int32)
+        scales_and_zeros = (torch.rand(2, 48, 2) / 8).to(torch.bfloat16)
+        got = int4_linear(x, *pack_int4(codes, scales_and_zeros), 32)
+        if not torch.allclose(got, int4_reference(x, codes, scales_and_zeros), rtol=1e-3, atol=1e-3):
+            return "its int4 product disagrees with the dequantized weight's"
     except Exception as err:  # noqa: BLE001
         return f"it failed a trial product: {type(err).__name__}: {err}"
     return None
@@ -84,7 +105,6 @@ def _load() -> None:
     by the kernel when its holder dies, unlike a lock file) in a folder of its own and the library is moved into
     place whole, so a second process never loads a half-written file; one that fails to load is built again once."""
     if _defined():  # loaded already (from another cache folder, say): a second TORCH_LIBRARY aborts the process
-        _register_fake()
         return
     folder = build_dir()
     library = os.path.join(folder, _name() + ".so")
@@ -92,7 +112,6 @@ def _load() -> None:
     if os.path.exists(library):
         try:
             torch.ops.load_library(library)  # no compiler, no ninja: what a warm start pays is the load alone
-            _register_fake()
             return
         except Exception:  # noqa: BLE001 - damaged (a disk filled up mid-copy): built again below
             os.remove(library)
@@ -101,7 +120,6 @@ def _load() -> None:
         if not os.path.exists(library):  # another process may have built it while this one waited
             _build(folder, library)
     torch.ops.load_library(library)
-    _register_fake()
 
 
 def _defined() -> bool:
@@ -128,7 +146,7 @@ def _build(folder: str, library: str) -> None:
     scratch = tempfile.mkdtemp(prefix="build-", dir=folder)
     try:
         name = os.path.basename(library)[: -len(".so")]
-        cpp_extension.load(name=name, sources=[SOURCE], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+        cpp_extension.load(name=name, sources=list(SOURCES), extra_cflags=flags(), extra_ldflags=["-fopenmp"],
                            build_directory=scratch, is_python_module=False, verbose=False)
         os.replace(os.path.join(scratch, name + ".so"), library)
     finally:
@@ -140,15 +158,52 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.specview_thinmm.linear(x, weight)
 
 
+INT4_ROWS = 16  # output rows per block of pack_int4's layout (the kernel's)
+
+
+def pack_int4(codes: torch.Tensor, scales_and_zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int4.quantize's codes int32 [N, K] in 0..15 and scales_and_zeros bfloat16 [K / group, N, 2] -> the int4
+    kernel's layout: codes uint8 [N / 16, K / 8, 64] (per block of 16 output rows and 8 input features, row i's
+    4 bytes hold its even features' codes in the low 16 bits, 4 bits each, the odd ones' in the high 16), and
+    scales bfloat16 [N / 16, K / group, 2, 16] (the block's 16 scales, then its 16 zeros, per group)."""
+    n, k = codes.shape
+    if n % INT4_ROWS or k % 8:
+        raise ValueError(f"int4 codes {n}x{k}: out features must be a multiple of {INT4_ROWS}, in features of 8")
+    c = codes.reshape(n // INT4_ROWS, INT4_ROWS, k // 8, 8)
+    nibbles = [c[..., 0] | c[..., 2] << 4, c[..., 4] | c[..., 6] << 4, c[..., 1] | c[..., 3] << 4, c[..., 5] | c[..., 7] << 4]
+    packed = torch.stack(nibbles, -1).to(torch.uint8).permute(0, 2, 1, 3).reshape(n // INT4_ROWS, k // 8, 64)
+    groups = scales_and_zeros.shape[0]
+    scales = scales_and_zeros.reshape(groups, n // INT4_ROWS, INT4_ROWS, 2).permute(1, 0, 3, 2)
+    return packed.contiguous(), scales.contiguous()
+
+
+def int4_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    """x [rows, in] (bfloat16 or float32, rounded to bfloat16 as torch's int4 kernel rounds it) times the weight
+    (q - 8) * scale + zero in pack_int4's layout, transposed; out in x's dtype."""
+    return torch.ops.specview_thinmm.int4_linear(x, codes, scales, group)
+
+
+def int4_reference(x: torch.Tensor, codes: torch.Tensor, scales_and_zeros: torch.Tensor) -> torch.Tensor:
+    """What int4_linear computes, in float64 from the codes: the trial's and the tests' answer."""
+    from specview.int4 import dequantize
+
+    group = codes.shape[1] // scales_and_zeros.shape[0]
+    weight = dequantize(codes, scales_and_zeros, group).double()
+    return (x.to(torch.bfloat16).double() @ weight.T).to(x.dtype)
+
+
 @functools.cache
 def _register_fake() -> None:
-    """The output's shape for graphs being traced (once, after the library defined the operator)."""
+    """The outputs' shapes for graphs being traced (once, after the library defined the operators)."""
     @torch.library.register_fake("specview_thinmm::linear")
     def _(x, w):
         return x.new_empty(x.shape[0], w.shape[0])
 
+    @torch.library.register_fake("specview_thinmm::int4_linear")
+    def _(x, codes, scales, group):
+        return x.new_empty(x.shape[0], codes.shape[0] * INT4_ROWS)
+
 
 def version() -> str:
-    """The kernel's source, as cache keys name it: another source is another kernel, measured again."""
-    with open(SOURCE, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:8]
+    """The kernels' sources, as cache keys name them: another source is another kernel, measured again."""
+    return hashlib.sha256(_sources()).hexdigest()[:8]

@@ -1,6 +1,7 @@
-"""specview's thin-product kernel (csrc/thinmm.cpp): the same product as F.linear for every row count and odd
-sizes (tails of features and of output rows), eager and inside compiled forwards, the same greedy tokens, no copy
-of the weight, and built wherever a C++ compiler and AVX2 are there."""
+"""specview's thin-product kernels (csrc/thinmm.cpp, csrc/thinmm_int4.cpp): the same product as F.linear (as the
+dequantized weight, int4) for every row count and odd sizes (tails of features and of output rows), eager and inside
+compiled forwards, the same greedy tokens, no copy of a float32 weight, the paths of narrower CPUs, and built
+wherever a C++ compiler and AVX2 are there."""
 
 import os
 import shutil
@@ -10,9 +11,20 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from test_compiled import check_fast_forwards_on, check_greedy_speculative_on, needs_compiler
+from test_compiled import (
+    PROMPT,
+    as_int4,
+    check_fast_forwards_on,
+    check_greedy_speculative_on,
+    emitted,
+    fast_logits,
+    needs_compiler,
+)
 
-from specview import fastlinear, machine, thinmm
+from specview import fastdecode, fastlinear, kernels, machine, thinmm
+from specview.engine import Decoder
+from specview.int4 import pack_codes
+from specview.settings import SamplingConfig
 
 needs_thin = pytest.mark.skipif(not thinmm.available(), reason=f"no thin kernel here: {thinmm.unavailable_reason()}")
 
@@ -103,3 +115,130 @@ def test_a_damaged_library_is_built_again(tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr[-2000:]
     assert library.stat().st_size > 10_000  # built again, in place
     assert not [p for p in library.parent.iterdir() if p.name.startswith("build-")]  # its scratch folder gone
+
+
+# ---- the int4 kernel (csrc/thinmm_int4.cpp) ----
+
+def _int4_weight(out_features: int, in_features: int, group: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (out_features, in_features), dtype=torch.int32, generator=g)
+    scales_and_zeros = torch.stack([torch.rand(in_features // group, out_features, generator=g) / 8,
+                                    torch.randn(in_features // group, out_features, generator=g) / 4], -1)
+    return codes, scales_and_zeros.to(torch.bfloat16)
+
+
+def test_pack_int4_lays_out_each_rows_codes_and_scales_as_the_kernel_reads_them():
+    codes, scales_and_zeros = _int4_weight(32, 64, 32)
+    packed, scales = thinmm.pack_int4(codes, scales_and_zeros)
+    assert packed.shape == (2, 8, 64) and packed.dtype == torch.uint8
+    assert scales.shape == (2, 2, 2, 16) and scales.dtype == torch.bfloat16
+    for block, chunk, row in ((0, 0, 0), (1, 7, 15), (0, 3, 9)):
+        word = int.from_bytes(bytes(packed[block, chunk, 4 * row:4 * row + 4].tolist()), "little")
+        q = codes[16 * block + row, 8 * chunk:8 * chunk + 8].tolist()
+        assert [(word >> (4 * j)) & 15 for j in range(4)] == q[0::2]  # even features in the low half
+        assert [(word >> (16 + 4 * j)) & 15 for j in range(4)] == q[1::2]
+    assert torch.equal(scales[1, 0, 0], scales_and_zeros[0, 16:32, 0])  # block 1, group 0: its 16 scales
+    assert torch.equal(scales[1, 1, 1], scales_and_zeros[1, 16:32, 1])  # ...and group 1's zeros
+    with pytest.raises(ValueError, match="multiple of 16"):
+        thinmm.pack_int4(codes[:24], scales_and_zeros[:, :24])
+
+
+@needs_thin
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 9])  # past 4: in groups over each block
+@pytest.mark.parametrize("shape, group", [((16, 32), 32), ((48, 96), 32), ((32, 128), 64), ((64, 512), 128),
+                                          ((16, 256), 256), ((960, 576), 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_its_int4_product_is_the_dequantized_weights(rows, shape, group, dtype):
+    """x rounded to bfloat16 times (q - 8) scale + zero, in float64: what torch's int4 kernel computes, whose own
+    output is bfloat16. Out in x's dtype."""
+    codes, scales_and_zeros = _int4_weight(*shape, group, seed=rows)
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows + 1)).to(dtype)
+    got = thinmm.int4_linear(x, *thinmm.pack_int4(codes, scales_and_zeros), group)
+    assert got.dtype == dtype and got.shape == (rows, shape[0])
+    want = thinmm.int4_reference(x.float(), codes, scales_and_zeros)
+    if dtype == torch.bfloat16:  # one rounding of the output to bfloat16
+        torch.testing.assert_close(got.float(), want, rtol=2 ** -8, atol=1e-3)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * shape[1] ** 0.5)
+    if rows:  # and what torch's kernel gives, as far as its bfloat16 output goes
+        torch_y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), pack_codes(codes), group,
+                                                              scales_and_zeros)
+        torch.testing.assert_close(got.float(), torch_y.float(), rtol=2 ** -7, atol=1e-2)
+
+
+@needs_thin
+def test_wrong_int4_operands_are_refused_with_a_message():
+    codes, scales = thinmm.pack_int4(*_int4_weight(32, 64, 32))
+    x = torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match=r"codes uint8 \[out/16, in/8, 64\]"):
+        thinmm.int4_linear(x, codes.float(), scales, 32)
+    with pytest.raises(RuntimeError, match="multiple of the group size"):
+        thinmm.int4_linear(torch.randn(2, 72), codes, scales, 32)
+    with pytest.raises(RuntimeError, match=r"scales bfloat16 \[out/16, in/group, 2, 16\]"):
+        thinmm.int4_linear(x, codes, scales.float(), 32)
+    with pytest.raises(RuntimeError, match="bfloat16 or float32"):
+        thinmm.int4_linear(x.double(), codes, scales, 32)
+
+
+@needs_thin
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_compiler)])
+def test_an_int4_forward_on_it_computes_what_torchs_int4_kernel_computes(small_llama_pair, monkeypatch, compiled):
+    lm = as_int4(small_llama_pair[0])
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")
+    stock = fastdecode.FastForward(lm.model, compiled, gemv="reduce")
+    layers = ("qkv", "o", "gate_up", "down")  # the head stays bfloat16 without +head
+    assert {stock.pieces()[name]["rows"] for name in layers} == {"int4"}
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")
+    thin = fastdecode.FastForward(lm.model, compiled, gemv="reduce")
+    pieces = [thin.pieces()[name] for name in layers]
+    assert {piece["rows"] for piece in pieces} == {piece["one_row"] for piece in pieces} == {"thin"}
+    # bfloat16 activations rounded at other points of the sums: the logits of a model of 4-bit weights agree
+    # to what bfloat16 holds
+    torch.testing.assert_close(fast_logits(thin, PROMPT), fast_logits(stock, PROMPT), rtol=0.05, atol=0.05)
+
+
+@needs_thin
+@needs_compiler
+def test_greedy_speculative_with_an_int4_draft_on_it_equals_greedy_autoregressive(small_llama_pair, monkeypatch):
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")
+    target, draft = small_llama_pair[0], as_int4(small_llama_pair[1])
+    greedy = SamplingConfig(temperature=0)
+    try:
+        for lm in (target, draft):
+            assert kernels.prepare(lm, "on").mode == "compiled"
+        assert fastdecode.runner_for(draft.model).pieces()["down"]["one_row"] == "thin"
+        want = list(Decoder(target, None, greedy, ignore_eos=True).generate(PROMPT, 24))
+        got = list(Decoder(target, draft, greedy, k=3, ignore_eos=True).generate(PROMPT, 24))
+        assert emitted(got) == emitted(want)
+        assert any(step.rejected_at is not None for step in got), "the draft must be rejected sometimes"
+    finally:
+        for lm in (target, draft):
+            fastdecode.uninstall(lm.model)
+
+
+@needs_thin
+@pytest.mark.parametrize("cflags, needs", [("-mno-avx512bf16", "avx512_bf16"), ("-mno-avx512f", "avx512f")])
+def test_the_paths_other_cpus_take_compute_the_same_products(tmp_path, cflags, needs):
+    """This CPU builds the widest path it has; built without AVX512_BF16 (float32 products of the codes) or
+    without AVX-512 (AVX2) the kernels must give the same products. In a process of its own (a library defines
+    its operators once per process), into a cache folder of its own."""
+    if needs not in machine.all_cpu_flags():
+        pytest.skip(f"this CPU has no {needs}: its build is that path already")
+    env = {**os.environ, "SPECVIEW_CACHE_DIR": str(tmp_path), "SPECVIEW_THINMM_CFLAGS": cflags}
+    check = """
+import torch
+from specview import thinmm
+assert thinmm.unavailable_reason() is None, thinmm.unavailable_reason()
+g = torch.Generator().manual_seed(0)
+for rows in (1, 2, 5, 9):
+    codes = torch.randint(0, 16, (48, 96), dtype=torch.int32, generator=g)
+    sz = torch.stack([torch.rand(3, 48, generator=g) / 8, torch.randn(3, 48, generator=g) / 4], -1).to(torch.bfloat16)
+    x = torch.randn(rows, 96, generator=g)
+    got = thinmm.int4_linear(x, *thinmm.pack_int4(codes, sz), 32)
+    torch.testing.assert_close(got, thinmm.int4_reference(x, codes, sz), rtol=1e-5, atol=1e-4)
+    w = torch.randn(37, 96, generator=g)
+    torch.testing.assert_close(thinmm.linear(x, w), (x.double() @ w.double().T).float(), rtol=1e-5, atol=1e-4)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
