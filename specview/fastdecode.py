@@ -101,7 +101,8 @@ class StaticKV:
 
 def linear(x: torch.Tensor, w, gemv: str) -> torch.Tensor:
     """x [rows, in] times a weight: ('dense', W [out, in], W packed for oneDNN | None, bias | None) or
-    ('int4', packed, scales_and_zeros, group, bias | None). `gemv` is the kernel for one row: 'reduce' (a
+    ('int4', packed, scales_and_zeros, group, bias | None, halves, thin | None) (_int4). `gemv` is the kernel for one
+    row of a dense weight: 'reduce' (a
     multiply-and-sum that inductor vectorizes), 'packed' (the packed copy) or 'mm' (F.linear); several rows
     take the packed copy when there is one, else F.linear. A packed copy is oneDNN's, MLAS's or thinmm's, whichever
     fastlinear's probe found faster for this shape; its product runs the kernel that packed it."""

@@ -30,6 +30,11 @@ generate() (bench's peers) runs the stock code on the same model objects. Weight
 install (about 0.4 s for SmolLM2-135M), except for a model that runs fastdecode's forward (engine.install_linears:
 that forward packs its own fused matrices, and these would be a second copy never read); one changed in place
 later (its `_version` moves) is packed again on its next forward.
+
+An `@int4` product has two kernels to choose from the same way (`int4_kernel`): torch's int4 kernel on its packed
+codes, or thinmm's on a copy of the codes in its own layout (half a byte a weight more: 66 MB for the bundled
+int4 draft), chosen per shape where it measures faster. On the Xeon it read the draft's codes at 18 GB/s against
+torch's 12-13, and the draft's one-token forward went from 7.8 to 5.1 ms.
 """
 
 from __future__ import annotations
@@ -104,6 +109,11 @@ def label(kernel: str) -> str:
     """A kernel as cache keys name it: MLAS with onnxruntime's version (another version, other kernels: measured
     again)."""
     return {"mlas": f"mlas {mlas.version()}", "thin": f"thin {thinmm.version()}"}.get(kernel, kernel)
+
+
+def int4_label() -> str:
+    """thinmm's int4 kernel as cache keys name it: its source and the path this CPU's build runs."""
+    return f"thin {thinmm.version()} {thinmm.int4_path()}"
 
 
 def chosen(dtype: torch.dtype, shape: tuple[int, int] = (2048, 2048), one_row: bool = True) -> str:
@@ -224,8 +234,9 @@ def _probe(dtype: torch.dtype, shape: tuple[int, int], kernels: tuple[str, ...] 
 
 
 def kernel_for(dtype: torch.dtype, shape: tuple[int, int], one_row: bool = True) -> str:
-    """SPECVIEW_FASTLINEAR: 0 = stock kernels (to compare), 1 = oneDNN's packed product, mlas = MLAS's (each
-    where it runs, else stock), auto (default) = what `chosen` measures fastest (`one_row`: as there)."""
+    """SPECVIEW_FASTLINEAR: 0 = stock kernels (to compare), 1 = oneDNN's packed product, mlas = MLAS's, thin =
+    thinmm's (each where it runs, else stock; for an int4 product, int4_kernel: 0, 1 and mlas mean torch's int4
+    kernel, thin thinmm's), auto (default) = what `chosen` measures fastest (`one_row`: as there)."""
     mode = os.environ.get("SPECVIEW_FASTLINEAR", "auto")
     if mode == "0":  # before candidates(): no onnxruntime import and trial product for nothing
         return "stock"
@@ -250,7 +261,7 @@ def int4_kernel(shape: tuple[int, int], group: int) -> str:
     Xeon torch's kernel read an int4 draft's codes at 12-13 GB/s, thin at 18. SPECVIEW_FASTLINEAR=0 keeps torch's,
     thin forces thin (where it builds)."""
     mode = os.environ.get("SPECVIEW_FASTLINEAR", "auto")
-    if mode not in ("auto", "thin") or shape[0] % thinmm.INT4_ROWS or shape[1] % group or not thinmm.available():
+    if mode not in ("auto", "thin") or shape[0] % thinmm.INT4_ROWS or shape[1] % group or not thinmm.int4_available():
         return "int4"
     if mode == "thin":
         return "thin"
@@ -261,7 +272,7 @@ def int4_kernel(shape: tuple[int, int], group: int) -> str:
 def int4_probe_seconds(shape: tuple[int, int], group: int) -> dict[str, float]:
     """_probe_int4's figures, kept in CHOICE_FILE per machine as probe_seconds' are."""
     key = (f"{machine.host_key()}/torch {torch.__version__}/int4 group {group}/{shape[0]}x{shape[1]}"
-           f"/threads={torch.get_num_threads()}/{PASSES}/{probe_label()}/int4+{label('thin')}")
+           f"/threads={torch.get_num_threads()}/{PASSES}/{probe_label()}/int4+{int4_label()}")
     names = [f"{kernel}_{rows}" for kernel in ("int4", "thin") for rows in ("one", "rows")]
     cached = machine.read_cached(CHOICE_FILE)
     entry = cached.get(key)

@@ -1,4 +1,5 @@
-"""A weight-only int4 copy of a model: every layer matrix as 4-bit codes, run by torch's own int4 kernel.
+"""A weight-only int4 copy of a model: every layer matrix as 4-bit codes, run by torch's own int4 kernel (or, in
+specview's fast forward, by thinmm's where it measures faster: the same codes, scales and activations).
 
 Decoding reads every weight once per forward, so 4-bit weights are a cheap draft made from the target
 itself. The kernel is `aten._weight_int4pack_mm_for_cpu` (what torchao's Int4CPULayout calls; torchao

@@ -10,10 +10,11 @@
 
 Per piece (each distinct weight matrix of the fast forward: the fused q/k/v, o, the fused gate/up, down,
 the head; the embedding is a lookup), the one-row product runs as a compiled multiply-and-sum
-('reduce'), a compiled F.linear ('mm'), the packed copy with its kernel (MLAS, thinmm or oneDNN: 'mlas' / 'thin' /
-'packed' in the pieces) or torch's int4 kernel ('int4'); several rows run oneDNN on a
-packed copy ('packed'), MLAS on its own ('mlas') or thinmm on the weight itself ('thin'), where fastlinear's probe finds them faster, else F.linear
-('mm'), or 'int4'. Only
+('reduce'), a compiled F.linear ('mm') or the packed copy with its kernel (MLAS, thinmm or oneDNN: 'mlas' / 'thin' /
+'packed' in the pieces); several rows run oneDNN on a packed copy ('packed'), MLAS on its own ('mlas') or thinmm on
+the weight itself ('thin'), where fastlinear's probe finds them faster, else F.linear ('mm'). An int4 piece runs
+torch's int4 kernel ('int4') or thinmm's on its own copy of the codes ('thin'), whichever that probe finds faster,
+for every row count. Only
 kernels that compute the same product up to float summation order are chosen automatically: an
 `@int4` model keeps its codes, a float32 one its float32 weights.
 
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specview import compiler, fastdecode, fastgpt2, fastlinear, machine, mlas
+from specview import compiler, fastdecode, fastgpt2, fastlinear, machine, mlas, thinmm
 from specview.errors import SpecviewError
 
 MODES = ("auto", "on", "off")
@@ -187,7 +188,7 @@ def one_row_kernel(model, say=lambda msg: None) -> str:
     dense = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
     if not dense and isinstance(head, torch.nn.Linear):  # every layer matrix is int4: only the head is dense
         dense = [head.weight]
-    if not dense:  # nothing dense at all: the one-row kernel is torch's int4 one
+    if not dense:  # nothing dense at all: every product runs an int4 kernel (fastlinear.int4_kernel)
         return "mm"
     weight = max(dense, key=lambda w: w.numel())
     dtype, shape = weight.dtype, tuple(weight.shape)
@@ -244,8 +245,8 @@ def products_ms(model, rows: tuple[int, ...]) -> dict[str, float] | None:
     runner = fastdecode.runner_for(model)
     if runner is None:
         return None
-    pieces = json.dumps([runner.compiled, runner.gemv, runner.pieces(), len(runner.products()), mlas.version()],
-                        sort_keys=True)
+    pieces = json.dumps([runner.compiled, runner.gemv, runner.pieces(), len(runner.products()), mlas.version(),
+                         thinmm.version()], sort_keys=True)
     key = f"{_key(model, 'products')}/{hashlib.sha256(pieces.encode()).hexdigest()[:16]}"
     cached = machine.read_cached(CHOICE_FILE)
     entry = cached.get(key) if isinstance(cached.get(key), dict) else {}

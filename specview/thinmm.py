@@ -79,11 +79,6 @@ def unavailable_reason() -> str | None:
         x, w = torch.randn(11, 53), torch.randn(37, 53)
         if not torch.allclose(linear(x, w), x @ w.T, rtol=1e-4, atol=1e-4):
             return "its product disagrees with F.linear"
-        x, codes = torch.randn(5, 64), torch.randint(0, 16, (48, 64), dtype=torch.int32)
-        scales_and_zeros = (torch.rand(2, 48, 2) / 8).to(torch.bfloat16)
-        got = int4_linear(x, *pack_int4(codes, scales_and_zeros), 32)
-        if not torch.allclose(got, int4_reference(x, codes, scales_and_zeros), rtol=1e-3, atol=1e-3):
-            return "its int4 product disagrees with the dequantized weight's"
     except Exception as err:  # noqa: BLE001
         return f"it failed a trial product: {type(err).__name__}: {err}"
     return None
@@ -91,6 +86,34 @@ def unavailable_reason() -> str | None:
 
 def available() -> bool:
     return unavailable_reason() is None
+
+
+@functools.cache
+def int4_unavailable_reason() -> str | None:
+    """As unavailable_reason, for the int4 kernel (the same library; its own trial: one failing does not take the
+    other kernel away)."""
+    if not available():
+        return unavailable_reason()
+    try:  # more rows than the registers take, bfloat16 and float32 activations
+        codes = torch.randint(0, 16, (48, 64), dtype=torch.int32)
+        scales_and_zeros = (torch.rand(2, 48, 2) / 8).to(torch.bfloat16)
+        for x in (torch.randn(5, 64), torch.randn(5, 64).to(torch.bfloat16)):
+            got = int4_linear(x, *pack_int4(codes, scales_and_zeros), 32).float()
+            if not torch.allclose(got, int4_reference(x.float(), codes, scales_and_zeros), rtol=1e-2, atol=1e-2):
+                return "its int4 product disagrees with the dequantized weight's"
+    except Exception as err:  # noqa: BLE001
+        return f"it failed a trial int4 product: {type(err).__name__}: {err}"
+    return None
+
+
+def int4_available() -> bool:
+    return int4_unavailable_reason() is None
+
+
+def int4_path() -> str:
+    """Which of the int4 kernel's paths this CPU's build runs: 'avx512_bf16' (bfloat16 dot products), 'avx512' or
+    'avx2' (float32 multiply-adds)."""
+    return torch.ops.specview_thinmm.int4_path()
 
 
 def require() -> None:

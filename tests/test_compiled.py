@@ -52,8 +52,10 @@ def fast_logits(runner, ids: list[int], splits=(4, 1, 1)) -> torch.Tensor:
 
 @pytest.mark.parametrize("variant", ["float32", "bfloat16", "int4"])
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_compiler)])
-def test_fast_forward_computes_what_transformers_computes(small_llama_pair, variant, compiled):
+def test_fast_forward_computes_what_transformers_computes(small_llama_pair, variant, compiled, monkeypatch):
     target, _ = small_llama_pair
+    if variant == "int4":  # torch's int4 kernel, as transformers runs: the argmax below is not left to a timing
+        monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")  # probe (thinmm's is tested against it in test_thinmm)
     lm = {"float32": target, "bfloat16": as_bfloat16(target), "int4": as_int4(target)}[variant]
     tolerance = 1e-4 if variant == "float32" else 0.1  # bfloat16 rounds differently in another op order
     runner = fastdecode.FastForward(lm.model, compiled, gemv="reduce")

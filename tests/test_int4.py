@@ -271,9 +271,12 @@ def test_fusing_by_stacking_packed_parts_packs_what_repacking_the_codes_packs(ro
     block = packed_row_block()
     assert block is None or block in (16, 32, 64, 128, 256)
     modules = [Int4Linear(torch.nn.Linear(64, n, bias=False)) for n in rows]
-    kind, (_, packed, scales_and_zeros, group, bias, halves) = fastdecode._fuse_int4(modules)
+    kind, (_, packed, scales_and_zeros, group, bias, halves, thin) = fastdecode._fuse_int4(modules)
     assert kind == "fused" and group == 32 and bias is None
     assert torch.equal(packed, pack_codes(join_halves(halves)))
+    if thin is not None:  # thinmm's copy, where its kernel runs the fused product: of the same codes
+        from specview import thinmm
+        assert all(map(torch.equal, thin, thinmm.pack_int4(join_halves(halves), scales_and_zeros)))
     assert torch.equal(scales_and_zeros, torch.cat([m.scales_and_zeros for m in modules], dim=1))
     x = torch.randn(3, 64, dtype=torch.bfloat16)
     fused = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros)

@@ -217,8 +217,9 @@ def test_greedy_speculative_with_an_int4_draft_on_it_equals_greedy_autoregressiv
 
 
 @needs_thin
-@pytest.mark.parametrize("cflags, needs", [("-mno-avx512bf16", "avx512_bf16"), ("-mno-avx512f", "avx512f")])
-def test_the_paths_other_cpus_take_compute_the_same_products(tmp_path, cflags, needs):
+@pytest.mark.parametrize("cflags, needs, path", [("-mno-avx512bf16", "avx512_bf16", "avx512"),
+                                                ("-mno-avx512f", "avx512f", "avx2")])
+def test_the_paths_other_cpus_take_compute_the_same_products(tmp_path, cflags, needs, path):
     """This CPU builds the widest path it has; built without AVX512_BF16 (float32 products of the codes) or
     without AVX-512 (AVX2) the kernels must give the same products. In a process of its own (a library defines
     its operators once per process), into a cache folder of its own."""
@@ -229,16 +230,21 @@ def test_the_paths_other_cpus_take_compute_the_same_products(tmp_path, cflags, n
 import torch
 from specview import thinmm
 assert thinmm.unavailable_reason() is None, thinmm.unavailable_reason()
+print(thinmm.int4_path())
 g = torch.Generator().manual_seed(0)
 for rows in (1, 2, 5, 9):
     codes = torch.randint(0, 16, (48, 96), dtype=torch.int32, generator=g)
     sz = torch.stack([torch.rand(3, 48, generator=g) / 8, torch.randn(3, 48, generator=g) / 4], -1).to(torch.bfloat16)
-    x = torch.randn(rows, 96, generator=g)
-    got = thinmm.int4_linear(x, *thinmm.pack_int4(codes, sz), 32)
-    torch.testing.assert_close(got, thinmm.int4_reference(x, codes, sz), rtol=1e-5, atol=1e-4)
+    x = torch.randn(96, rows, generator=g).t()  # strided
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 2 ** -8)):  # bfloat16: its rounded output too
+        got = thinmm.int4_linear(x.to(dtype), *thinmm.pack_int4(codes, sz), 32)
+        assert got.dtype == dtype
+        want = thinmm.int4_reference(x, codes, sz)
+        torch.testing.assert_close(got.float(), want, rtol=tolerance, atol=1e-4 if dtype == torch.float32 else 1e-3)
+    x = x.contiguous()
     w = torch.randn(37, 96, generator=g)
     torch.testing.assert_close(thinmm.linear(x, w), (x.double() @ w.double().T).float(), rtol=1e-5, atol=1e-4)
 print("ok")
 """
     done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert done.returncode == 0 and done.stdout.split() == [path, "ok"], done.stderr[-2000:]
