@@ -203,9 +203,12 @@ class FastForward:
         # the attention's dtype: half-precision attention is slow on CPU (module docstring)
         self.kv_dtype = torch.float32 if self.dtype in (torch.bfloat16, torch.float16) else self.dtype
         self.gemv, self.compiled = gemv, compiled
-        # Whether the packed copies also serve the one-row products, which fastlinear's probe then weighs too: a
-        # compiled forward multiplies one row with its own kernel (`gemv`), so only a verify's rows count there.
-        self.one_row_packed = not compiled or gemv == "packed"
+        # Whether the packed copies are chosen for one-row products too, which fastlinear's probe then weighs: an
+        # eager forward runs every product on them. A compiled forward chooses its one-row product apart (`gemv`:
+        # reduce, mm, or these copies where kernels.one_row_kernel timed them fastest for one row), so its copies
+        # are the verify's best: chosen for both, the 5-row products of the Xeon's target ran F.linear at 13 GB/s
+        # whenever the one-row probe had picked the copies, because thin lost one row to MKL by 3%.
+        self.one_row_packed = not compiled
         self._gather_model(model)
         from specview import compiler
 
