@@ -376,7 +376,6 @@ def _int4_kernel(w):
     """The int4 weight with thinmm's copy of its codes where fastlinear's probe finds that kernel faster for its
     shape (every product then runs it), else as it is (torch's int4 kernel)."""
     from specview import fastlinear, thinmm
-    from specview.int4 import join_halves
 
     _, packed, scales_and_zeros, group, bias, halves, _ = w
     if halves is None:  # codes on another device: torch's kernel
@@ -384,7 +383,8 @@ def _int4_kernel(w):
     shape = (halves.shape[0], halves.shape[1] * 2)
     if fastlinear.int4_kernel(shape, group) != "thin":
         return w
-    return ("int4", packed, scales_and_zeros, group, bias, halves, thinmm.pack_int4(join_halves(halves), scales_and_zeros))
+    codes = torch.cat([halves & 15, halves >> 4], dim=1)  # int4.join_halves, in uint8
+    return ("int4", packed, scales_and_zeros, group, bias, halves, thinmm.pack_int4(codes, scales_and_zeros))
 
 
 def _dense(weight: torch.Tensor, bias, one_row: bool = True):

@@ -95,9 +95,11 @@ def _trial(dtype: torch.dtype) -> bool:
 CHOICE_FILE = "fastlinear.json"
 PROBE_BYTES = 64 * 2**20  # weights cycled through per probe pass, at least; past the CPU's caches (machine.past_caches)
 PROBE_MATRICES = 512  # ...but no more matrices than this (a tiny model's shape would need thousands)
-# The kernels a product can run: F.linear, oneDNN on a packed copy, MLAS (onnxruntime) on its own packed copy,
-# specview's own thin-product kernel on the weight as it is (thinmm.py)
-KERNELS = ("stock", "packed", "mlas", "thin")
+# The kernels a product can run: F.linear, specview's own thin-product kernel on the weight as it is (thinmm.py),
+# oneDNN on a packed copy, MLAS (onnxruntime) on its own packed copy. In the order of what they cost to hold, which
+# choose() prefers on a tie: nothing; nothing (a library built once per machine); a copy of the weights; two copies
+# and an onnxruntime session a matrix (32 sessions took 0.45 s of every warm start of the bundled pair).
+KERNELS = ("stock", "thin", "packed", "mlas")
 
 
 def candidates(dtype: torch.dtype) -> tuple[str, ...]:
