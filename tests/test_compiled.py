@@ -388,3 +388,18 @@ def test_a_buffer_written_in_place_reaches_the_caller_and_a_copy_is_refused(monk
     assert torch.equal(buffer, torch.ones(4)) and fn.built.startswith("built in")
     fn(torch.ones(5), bigger := torch.ones(5))  # the size is symbolic: the same package, the caller's tensor written
     assert torch.equal(bigger, torch.full((5,), 2.0))
+
+
+@pytest.mark.parametrize("compiled, gemv, one_row", [(False, "packed", True), (True, "packed", False),
+                                                     (True, "reduce", False)])
+def test_a_compiled_forwards_copies_are_chosen_for_the_verify_alone(small_llama_pair, monkeypatch, compiled, gemv,
+                                                                    one_row):
+    """An eager forward runs every product on the packed copies, so they are chosen for one row and for several; a
+    compiled one chooses its one-row product apart (gemv, which may read the copies), so its copies are the
+    verify's best. Chosen for one row too, a Xeon's 5-row verify ran F.linear at 13 GB/s where thin read 23."""
+    from specview import fastlinear
+
+    asked = []
+    monkeypatch.setattr(fastlinear, "kernel_for", lambda dtype, shape, one_row=True: asked.append(one_row) or "stock")
+    fastdecode.FastForward(small_llama_pair[0].model, compiled, gemv=gemv)
+    assert asked and set(asked) == {one_row}
