@@ -100,7 +100,7 @@ class StaticKV:
 # ---- the layer, as two functions of tensors (the same code eager and compiled) ----
 
 def linear(x: torch.Tensor, w, gemv: str) -> torch.Tensor:
-    """x [rows, in] times a weight: ('dense', W [out, in], W packed for oneDNN | None, bias | None) or
+    """x [rows, in] times a weight: ('dense', W [out, in], W packed | None, bias | None, one_row_reads) (_dense) or
     ('int4', packed, scales_and_zeros, group, bias | None, halves, thin | None) (_int4). `gemv` is the kernel for one
     row of a dense weight: 'reduce' (a
     multiply-and-sum that inductor vectorizes), 'packed' (the packed copy) or 'mm' (F.linear); several rows
@@ -116,10 +116,10 @@ def linear(x: torch.Tensor, w, gemv: str) -> torch.Tensor:
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, sz).to(x.dtype)
         return y if bias is None else y + bias
-    _, weight, packed, bias = w
+    _, weight, packed, bias, one_row_reads = w
     if x.shape[0] == 1 and gemv == "reduce":
         y = (x.unsqueeze(-2) * weight).sum(-1)
-    elif packed is not None and (x.shape[0] > 1 or gemv == "packed"):
+    elif packed is not None and (x.shape[0] > 1 or gemv == "packed" and one_row_reads):
         return product(x, packed, bias, weight.shape[0])
     else:
         return F.linear(x, weight, bias)
@@ -286,7 +286,7 @@ class FastForward:
             else:
                 shape, dtype = list(w[1].shape), str(w[1].dtype).removeprefix("torch.")
                 rows = {"stock": "mm"}.get(kernel_of(w[2]), kernel_of(w[2]))  # mm, packed (oneDNN), mlas or thin
-                one_row = rows if not self.compiled or self.gemv == "packed" else self.gemv
+                one_row = (rows if w[4] else "mm") if not self.compiled or self.gemv == "packed" else self.gemv
             out[name] = {"shape": shape, "dtype": dtype, "one_row": one_row, "rows": rows,
                          "fused": group[0] == "fused" and name in ("qkv", "gate_up")}
         return out
@@ -388,10 +388,17 @@ def _int4_kernel(w):
 
 
 def _dense(weight: torch.Tensor, bias, one_row: bool = True):
+    """('dense', weight, packed copy | None, bias, one_row_reads_copy). The copy's kernel is chosen for one row and
+    several (`one_row`), or for several alone (a compiled forward); then a one-row product reads the copy (gemv
+    'packed') only where the probe finds that kernel best for one row too, else F.linear: kernels.one_row_kernel
+    timed the copy of one shape only."""
     from specview import fastlinear
 
-    kernel = fastlinear.kernel_for(weight.dtype, tuple(weight.shape), one_row)
-    return ("dense", weight, None if kernel == "stock" else fastlinear.pack(weight, kernel), bias)
+    dtype, shape = weight.dtype, tuple(weight.shape)
+    kernel = fastlinear.kernel_for(dtype, shape, one_row)
+    packed = None if kernel == "stock" else fastlinear.pack(weight, kernel)
+    one_row_reads = packed is not None and (one_row or fastlinear.kernel_for(dtype, shape, True) == kernel)
+    return ("dense", weight, packed, bias, one_row_reads)
 
 
 def _fuse(*modules, one_row: bool = True):

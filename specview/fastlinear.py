@@ -115,7 +115,7 @@ def label(kernel: str) -> str:
 
 def int4_label() -> str:
     """thinmm's int4 kernel as cache keys name it: its source and the path this CPU's build runs."""
-    return f"thin {thinmm.version()} {thinmm.int4_path()}"
+    return f"thin {thinmm.int4_version()} {thinmm.int4_path()}"
 
 
 def chosen(dtype: torch.dtype, shape: tuple[int, int] = (2048, 2048), one_row: bool = True) -> str:
@@ -134,7 +134,7 @@ def probe_seconds(dtype: torch.dtype, shape: tuple[int, int]) -> dict[str, float
     measured could choose differently under load)."""
     kernels = candidates(dtype)
     key = (f"{machine.host_key()}/torch {torch.__version__}/{dtype}/{shape[0]}x{shape[1]}/threads={torch.get_num_threads()}"
-           f"/{PASSES}/{probe_label()}/{'+'.join(map(label, kernels))}")
+           f"/{PASSES}/{probe_label()}/{'+'.join(sorted(map(label, kernels)))}")  # sorted: not KERNELS' order
     names = [f"{kernel}_{rows}" for kernel in kernels for rows in ("one", "rows")]
     cached = machine.read_cached(CHOICE_FILE)
     entry = cached.get(key)

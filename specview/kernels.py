@@ -216,7 +216,7 @@ def _probe_one_row(kernel: str, dtype, shape, packed: str = "stock", repeats: in
 
     def weight():
         w = torch.rand(*shape, dtype=dtype)
-        return ("dense", w, fastlinear.pack(w, packed) if kernel == "packed" else None, None)
+        return ("dense", w, fastlinear.pack(w, packed) if kernel == "packed" else None, None, True)
 
     weights = [weight() for _ in range(probe_matrices(dtype, shape))]
     x = torch.randn(1, shape[1], dtype=dtype)
@@ -247,7 +247,7 @@ def products_ms(model, rows: tuple[int, ...]) -> dict[str, float] | None:
     if runner is None:
         return None
     pieces = json.dumps([runner.compiled, runner.gemv, runner.pieces(), len(runner.products()), mlas.version(),
-                         thinmm.version()], sort_keys=True)
+                         thinmm.version(), thinmm.int4_version()], sort_keys=True)
     key = f"{_key(model, 'products')}/{hashlib.sha256(pieces.encode()).hexdigest()[:16]}"
     cached = machine.read_cached(CHOICE_FILE)
     entry = cached.get(key) if isinstance(cached.get(key), dict) else {}

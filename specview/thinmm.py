@@ -97,9 +97,9 @@ def int4_unavailable_reason() -> str | None:
     try:  # more rows than the registers take, bfloat16 and float32 activations
         codes = torch.randint(0, 16, (48, 64), dtype=torch.int32)
         scales_and_zeros = (torch.rand(2, 48, 2) / 8).to(torch.bfloat16)
-        for x in (torch.randn(5, 64), torch.randn(5, 64).to(torch.bfloat16)):
+        for x, tolerance in ((torch.randn(5, 64), 1e-3), (torch.randn(5, 64).to(torch.bfloat16), 1e-2)):
             got = int4_linear(x, *pack_int4(codes, scales_and_zeros), 32).float()
-            if not torch.allclose(got, int4_reference(x.float(), codes, scales_and_zeros), rtol=1e-2, atol=1e-2):
+            if not torch.allclose(got, int4_reference(x.float(), codes, scales_and_zeros), rtol=tolerance, atol=tolerance):
                 return "its int4 product disagrees with the dequantized weight's"
     except Exception as err:  # noqa: BLE001
         return f"it failed a trial int4 product: {type(err).__name__}: {err}"
@@ -228,6 +228,12 @@ def _register_fake() -> None:
         return x.new_empty(x.shape[0], codes.shape[0] * INT4_ROWS)
 
 
-def version() -> str:
-    """The kernels' sources, as cache keys name them: another source is another kernel, measured again."""
-    return hashlib.sha256(_sources()).hexdigest()[:8]
+def version(source: str = SOURCES[0]) -> str:
+    """A kernel's source (the float32 one's by default), as cache keys name it: another source is another kernel,
+    measured again; an edit of the other kernel's does not touch this one's choices."""
+    with open(source, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:8]
+
+
+def int4_version() -> str:
+    return version(SOURCES[1])

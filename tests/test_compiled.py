@@ -403,3 +403,20 @@ def test_a_compiled_forwards_copies_are_chosen_for_the_verify_alone(small_llama_
     monkeypatch.setattr(fastlinear, "kernel_for", lambda dtype, shape, one_row=True: asked.append(one_row) or "stock")
     fastdecode.FastForward(small_llama_pair[0].model, compiled, gemv=gemv)
     assert asked and set(asked) == {one_row}
+
+
+def test_a_one_row_product_reads_a_copy_chosen_for_rows_only_where_the_probe_says_one_row_too(monkeypatch):
+    """kernels.one_row_kernel times the copy of one shape; another shape's copy, chosen for a verify's rows, must not
+    serve its one-row products (gemv 'packed') where fastlinear's probe finds another kernel better for one row."""
+    from specview import fastlinear
+
+    weight, x = torch.randn(48, 32), torch.randn(1, 32)
+    for one_row_best, reads in (("stock", False), ("packed", True)):
+        monkeypatch.setattr(fastlinear, "kernel_for", lambda dtype, shape, one_row=True, best=one_row_best:
+                            best if one_row else "packed")
+        w = fastdecode._dense(weight, None, one_row=False)
+        assert w[2] is not None and w[4] is reads
+        called = []
+        monkeypatch.setattr(fastdecode, "product", lambda *args, seen=called: seen.append(args) or torch.zeros(1, 48))
+        fastdecode.linear(x, w, "packed")
+        assert bool(called) is reads

@@ -27,6 +27,8 @@ from specview.int4 import pack_codes
 from specview.settings import SamplingConfig
 
 needs_thin = pytest.mark.skipif(not thinmm.available(), reason=f"no thin kernel here: {thinmm.unavailable_reason()}")
+needs_int4 = pytest.mark.skipif(not thinmm.int4_available(),
+                                reason=f"no thin int4 kernel here: {thinmm.int4_unavailable_reason()}")
 
 
 def test_it_is_built_wherever_it_can_be():
@@ -143,7 +145,7 @@ def test_pack_int4_lays_out_each_rows_codes_and_scales_as_the_kernel_reads_them(
         thinmm.pack_int4(codes[:24], scales_and_zeros[:, :24])
 
 
-@needs_thin
+@needs_int4
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 9])  # past 4: in groups over each block
 @pytest.mark.parametrize("shape, group", [((16, 32), 32), ((48, 96), 32), ((32, 128), 64), ((64, 512), 128),
                                           ((16, 256), 256), ((960, 576), 32)])
@@ -166,7 +168,7 @@ def test_its_int4_product_is_the_dequantized_weights(rows, shape, group, dtype):
         torch.testing.assert_close(got.float(), torch_y.float(), rtol=2 ** -7, atol=1e-2)
 
 
-@needs_thin
+@needs_int4
 def test_wrong_int4_operands_are_refused_with_a_message():
     codes, scales = thinmm.pack_int4(*_int4_weight(32, 64, 32))
     x = torch.randn(2, 64)
@@ -180,7 +182,7 @@ def test_wrong_int4_operands_are_refused_with_a_message():
         thinmm.int4_linear(x.double(), codes, scales, 32)
 
 
-@needs_thin
+@needs_int4
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_compiler)])
 def test_an_int4_forward_on_it_computes_what_torchs_int4_kernel_computes(small_llama_pair, monkeypatch, compiled):
     lm = as_int4(small_llama_pair[0])
@@ -197,7 +199,7 @@ def test_an_int4_forward_on_it_computes_what_torchs_int4_kernel_computes(small_l
     torch.testing.assert_close(fast_logits(thin, PROMPT), fast_logits(stock, PROMPT), rtol=0.05, atol=0.05)
 
 
-@needs_thin
+@needs_int4
 @needs_compiler
 def test_greedy_speculative_with_an_int4_draft_on_it_equals_greedy_autoregressive(small_llama_pair, monkeypatch):
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")
@@ -216,7 +218,7 @@ def test_greedy_speculative_with_an_int4_draft_on_it_equals_greedy_autoregressiv
             fastdecode.uninstall(lm.model)
 
 
-@needs_thin
+@needs_int4
 @pytest.mark.parametrize("cflags, needs, path", [("-mno-avx512bf16", "avx512_bf16", "avx512"),
                                                 ("-mno-avx512f", "avx512f", "avx2")])
 def test_the_paths_other_cpus_take_compute_the_same_products(tmp_path, cflags, needs, path):
@@ -248,3 +250,24 @@ print("ok")
 """
     done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.split() == [path, "ok"], done.stderr[-2000:]
+
+
+@needs_int4
+def test_a_failing_int4_trial_loses_only_the_int4_kernel(monkeypatch):
+    monkeypatch.setattr(thinmm, "int4_linear", lambda *args: torch.zeros(5, 48))  # a kernel that gets it wrong
+    thinmm.int4_unavailable_reason.cache_clear()
+    try:
+        assert thinmm.int4_unavailable_reason() == "its int4 product disagrees with the dequantized weight's"
+        assert thinmm.available() and fastlinear.int4_kernel((48, 64), 32) == "int4"
+    finally:
+        thinmm.int4_unavailable_reason.cache_clear()
+
+
+def test_on_a_tie_the_kernel_that_costs_least_to_hold_is_kept():
+    """stock, thin (the weight itself), packed (a copy), mlas (two copies and a session a matrix): a later kernel
+    must clearly beat the earlier."""
+    tie = {f"{kernel}_{rows}": 1.0 for kernel in fastlinear.KERNELS for rows in ("one", "rows")}
+    assert fastlinear.choose(tie) == "stock"
+    assert fastlinear.choose({**tie, "thin_rows": 0.5}) == "thin"
+    assert fastlinear.choose({**tie, "thin_rows": 0.5, "mlas_rows": 0.48}) == "thin"  # not clearly faster than thin
+    assert fastlinear.choose({**tie, "thin_rows": 0.5, "mlas_rows": 0.4}) == "mlas"
