@@ -223,9 +223,15 @@ def _probe(dtype: torch.dtype, shape: tuple[int, int], kernels: tuple[str, ...] 
 
     passes = {f"{kernel}_{rows}": (stock_pass if kernel == "stock" else pass_of(kernel), x)
               for kernel in kernels for rows, x in inputs.items()}
+    return _best_of(passes, repeats)
+
+
+def _best_of(passes: dict, repeats: int) -> dict[str, float]:
+    """{name: (run, x)} -> {name: the best seconds of run(x)}: each run once to warm up (page faults, the libraries'
+    kernel selection), then `repeats` rounds, interleaved, so that a loaded minute weighs on every kernel alike."""
     best = dict.fromkeys(passes, float("inf"))
     with torch.inference_mode():
-        for run, x in passes.values():  # warm-up: page faults, the libraries' kernel selection
+        for run, x in passes.values():
             run(x)
         for _ in range(repeats):
             for name, (run, x) in passes.items():
@@ -304,26 +310,18 @@ def _probe_int4(shape: tuple[int, int], group: int, repeats: int = 5) -> dict[st
     copies = {kernel: [tuple(t.clone() for t in w) for _ in range(count)] for kernel, w in weights.items()}
     del codes, weights
 
-    def run(kernel, x):
-        if kernel == "int4":
-            for packed, sz in copies[kernel]:
-                torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, sz)
-        else:
-            for thin_codes, scales in copies[kernel]:
-                thinmm.int4_linear(x, thin_codes, scales, group)
+    def torch_pass(x):
+        for packed, sz in copies["int4"]:
+            torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, sz)
+
+    def thin_pass(x):
+        for thin_codes, scales in copies["thin"]:
+            thinmm.int4_linear(x, thin_codes, scales, group)
+
+    run = {"int4": torch_pass, "thin": thin_pass}.get
 
     inputs = {"one": torch.randn(1, k, dtype=torch.bfloat16), "rows": torch.randn(PACK_ROWS, k, dtype=torch.bfloat16)}
-    passes = {f"{kernel}_{rows}": (kernel, x) for kernel in copies for rows, x in inputs.items()}
-    best = dict.fromkeys(passes, float("inf"))
-    with torch.inference_mode():
-        for kernel, x in passes.values():  # warm-up: page faults
-            run(kernel, x)
-        for _ in range(repeats):
-            for name, (kernel, x) in passes.items():
-                t0 = time.perf_counter()
-                run(kernel, x)
-                best[name] = min(best[name], time.perf_counter() - t0)
-    return best
+    return _best_of({f"{kernel}_{rows}": (run(kernel), x) for kernel in copies for rows, x in inputs.items()}, repeats)
 
 
 def wanted(dtype: torch.dtype, shape: tuple[int, int], one_row: bool = True) -> bool:

@@ -110,9 +110,9 @@ def split_halves(codes: torch.Tensor) -> torch.Tensor:
     return (codes[:, :half] | codes[:, half:] << 4).to(torch.uint8).contiguous()
 
 
-def join_halves(halves: torch.Tensor) -> torch.Tensor:
-    """split_halves' inverse: uint8 [N, K / 2] -> codes int32 [N, K]."""
-    return torch.cat([(halves & 15).to(torch.int32), (halves >> 4).to(torch.int32)], dim=1)
+def join_halves(halves: torch.Tensor, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """split_halves' inverse: uint8 [N, K / 2] -> codes [N, K], int32 (torch's packer takes them) or `dtype`."""
+    return torch.cat([(halves & 15).to(dtype), (halves >> 4).to(dtype)], dim=1)
 
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:

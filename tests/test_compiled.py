@@ -148,15 +148,17 @@ def check_fast_forwards_on(kernel: str, small_llama_pair, small_vocab_pair, comp
         torch.testing.assert_close(fast_logits(runner, PROMPT), want, rtol=1e-4, atol=1e-4)
 
 
-def check_greedy_speculative_on(kernel: str, small_llama_pair) -> None:
-    """With SPECVIEW_FASTLINEAR=`kernel` set by the caller: greedy speculative decoding on compiled forwards whose
-    verify runs that kernel emits greedy autoregressive decoding's tokens, with rejections on the way."""
-    target, draft = small_llama_pair
+def check_greedy_speculative_on(kernel: str, small_llama_pair, draft=None, where=("target", "rows")) -> None:
+    """With SPECVIEW_FASTLINEAR=`kernel` set by the caller: greedy speculative decoding on compiled forwards where
+    that kernel runs (`where`: the target's verify rows, or e.g. ("draft", "one_row")) emits greedy autoregressive
+    decoding's tokens, with rejections on the way. `draft`: another draft than the pair's."""
+    target, draft = small_llama_pair[0], draft or small_llama_pair[1]
     greedy = SamplingConfig(temperature=0)
     try:
         for lm in (target, draft):
             assert kernels.prepare(lm, "on").mode == "compiled"
-        assert fastdecode.runner_for(target.model).pieces()["down"]["rows"] == kernel
+        model, column = where
+        assert fastdecode.runner_for({"target": target, "draft": draft}[model].model).pieces()["down"][column] == kernel
         want = list(Decoder(target, None, greedy, ignore_eos=True).generate(PROMPT, 24))
         got = list(Decoder(target, draft, greedy, k=3, ignore_eos=True).generate(PROMPT, 24))
         assert emitted(got) == emitted(want)

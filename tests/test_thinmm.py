@@ -16,15 +16,12 @@ from test_compiled import (
     as_int4,
     check_fast_forwards_on,
     check_greedy_speculative_on,
-    emitted,
     fast_logits,
     needs_compiler,
 )
 
-from specview import fastdecode, fastlinear, kernels, machine, thinmm
-from specview.engine import Decoder
+from specview import fastdecode, fastlinear, machine, thinmm
 from specview.int4 import pack_codes
-from specview.settings import SamplingConfig
 
 needs_thin = pytest.mark.skipif(not thinmm.available(), reason=f"no thin kernel here: {thinmm.unavailable_reason()}")
 needs_int4 = pytest.mark.skipif(not thinmm.int4_available(),
@@ -203,19 +200,7 @@ def test_an_int4_forward_on_it_computes_what_torchs_int4_kernel_computes(small_l
 @needs_compiler
 def test_greedy_speculative_with_an_int4_draft_on_it_equals_greedy_autoregressive(small_llama_pair, monkeypatch):
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")
-    target, draft = small_llama_pair[0], as_int4(small_llama_pair[1])
-    greedy = SamplingConfig(temperature=0)
-    try:
-        for lm in (target, draft):
-            assert kernels.prepare(lm, "on").mode == "compiled"
-        assert fastdecode.runner_for(draft.model).pieces()["down"]["one_row"] == "thin"
-        want = list(Decoder(target, None, greedy, ignore_eos=True).generate(PROMPT, 24))
-        got = list(Decoder(target, draft, greedy, k=3, ignore_eos=True).generate(PROMPT, 24))
-        assert emitted(got) == emitted(want)
-        assert any(step.rejected_at is not None for step in got), "the draft must be rejected sometimes"
-    finally:
-        for lm in (target, draft):
-            fastdecode.uninstall(lm.model)
+    check_greedy_speculative_on("thin", small_llama_pair, draft=as_int4(small_llama_pair[1]), where=("draft", "one_row"))
 
 
 @needs_int4
