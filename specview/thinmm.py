@@ -30,7 +30,10 @@ import torch
 
 from specview import machine
 
+# The kernels a built graph may call (compiled forwards are keyed by them), then the library's other source: the
+# int4 layout's packer, run at a start.
 SOURCES = tuple(os.path.join(os.path.dirname(__file__), "csrc", name) for name in ("thinmm.cpp", "thinmm_int4.cpp"))
+LIBRARY_SOURCES = (*SOURCES, os.path.join(os.path.dirname(__file__), "csrc", "thinmm_pack.cpp"))
 FLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for runs on torch's own threads only with it
 
 
@@ -44,7 +47,7 @@ def _name() -> str:
 
 def _sources() -> bytes:
     out = b""
-    for source in SOURCES:
+    for source in LIBRARY_SOURCES:
         with open(source, "rb") as f:
             out += f.read()
     return out
@@ -169,7 +172,7 @@ def _build(folder: str, library: str) -> None:
     scratch = tempfile.mkdtemp(prefix="build-", dir=folder)
     try:
         name = os.path.basename(library)[: -len(".so")]
-        cpp_extension.load(name=name, sources=list(SOURCES), extra_cflags=flags(), extra_ldflags=["-fopenmp"],
+        cpp_extension.load(name=name, sources=list(LIBRARY_SOURCES), extra_cflags=flags(), extra_ldflags=["-fopenmp"],
                            build_directory=scratch, is_python_module=False, verbose=False)
         os.replace(os.path.join(scratch, name + ".so"), library)
     finally:
@@ -187,18 +190,16 @@ INT4_ROWS = 16  # output rows per block of pack_int4's layout (the kernel's)
 def pack_int4(codes: torch.Tensor, scales_and_zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes [N, K] in 0..15 (int4.quantize's int32, or uint8) and scales_and_zeros bfloat16 [K / group, N, 2] ->
     the int4 kernel's layout: codes uint8 [N / 16, K / 8, 64] (per block of 16 output rows and 8 input features,
-    row i's 4 bytes hold its even features' codes in the low 16 bits, 4 bits each, the odd ones' in the high 16),
-    and scales bfloat16 [N / 16, K / group, 2, 16] (the block's 16 scales, then its 16 zeros, per group). In uint8
-    throughout: a start packs the bundled draft's 135M codes (0.7 s in int32)."""
+    row i's 4 bytes hold its even features' codes in the low 16 bits, 4 bits each, the odd ones' in the high 16:
+    csrc/thinmm_pack.cpp, one pass), and scales bfloat16 [N / 16, K / group, 2, 16] (the block's 16 scales, then
+    its 16 zeros, per group)."""
     n, k = codes.shape
     if n % INT4_ROWS or k % 8:
         raise ValueError(f"int4 codes {n}x{k}: out features must be a multiple of {INT4_ROWS}, in features of 8")
-    c = codes.to(torch.uint8).reshape(n // INT4_ROWS, INT4_ROWS, k // 8, 8)
-    nibbles = [c[..., 0] | c[..., 2] << 4, c[..., 4] | c[..., 6] << 4, c[..., 1] | c[..., 3] << 4, c[..., 5] | c[..., 7] << 4]
-    packed = torch.stack(nibbles, -1).permute(0, 2, 1, 3).reshape(n // INT4_ROWS, k // 8, 64)
+    packed = torch.ops.specview_thinmm.pack_int4_codes(codes.to(torch.uint8))
     groups = scales_and_zeros.shape[0]
     scales = scales_and_zeros.reshape(groups, n // INT4_ROWS, INT4_ROWS, 2).permute(1, 0, 3, 2)
-    return packed.contiguous(), scales.contiguous()
+    return packed, scales.contiguous()
 
 
 def int4_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:

@@ -126,6 +126,7 @@ def _int4_weight(out_features: int, in_features: int, group: int, seed: int = 0)
     return codes, scales_and_zeros.to(torch.bfloat16)
 
 
+@needs_int4  # the packer is in the kernels' library
 def test_pack_int4_lays_out_each_rows_codes_and_scales_as_the_kernel_reads_them():
     codes, scales_and_zeros = _int4_weight(32, 64, 32)
     packed, scales = thinmm.pack_int4(codes, scales_and_zeros)
@@ -136,6 +137,11 @@ def test_pack_int4_lays_out_each_rows_codes_and_scales_as_the_kernel_reads_them(
         q = codes[16 * block + row, 8 * chunk:8 * chunk + 8].tolist()
         assert [(word >> (4 * j)) & 15 for j in range(4)] == q[0::2]  # even features in the low half
         assert [(word >> (16 + 4 * j)) & 15 for j in range(4)] == q[1::2]
+    # every word, on a matrix of the draft's shape, uint8 codes as a start passes them: read back, the same codes
+    codes = torch.randint(0, 16, (960, 576), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    words = thinmm.pack_int4(codes, torch.zeros(18, 960, 2, dtype=torch.bfloat16))[0].view(torch.int32)  # [60, 72, 16]
+    nibbles = torch.stack([(words >> (4 * j)) & 15 for j in (0, 4, 1, 5, 2, 6, 3, 7)], -1)  # features 0..7
+    assert torch.equal(nibbles.permute(0, 2, 1, 3).reshape(960, 576).to(torch.uint8), codes)
     assert torch.equal(scales[1, 0, 0], scales_and_zeros[0, 16:32, 0])  # block 1, group 0: its 16 scales
     assert torch.equal(scales[1, 1, 1], scales_and_zeros[1, 16:32, 1])  # ...and group 1's zeros
     with pytest.raises(ValueError, match="multiple of 16"):
