@@ -64,6 +64,29 @@ def test_fast_forward_computes_what_transformers_computes(small_llama_pair, vari
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_values_come_from_a_table_equal_to_the_bit_and_growing_past_its_length(small_llama_pair, dtype):
+    target, _ = small_llama_pair
+    runner = fastdecode.FastForward(target.model, compiled=False)
+    rope, h = target.model.model.rotary_emb, torch.zeros(3, 8, dtype=dtype)
+    for positions in (torch.tensor([0, 1, 2]), torch.tensor([7, 5, 9, 8]), torch.tensor([600, 2000])):  # a tree's,
+        cos, sin = runner._rotary(rope, h, positions)                                       # then past 512 rows
+        want_cos, want_sin = rope(h, positions.unsqueeze(0))
+        assert cos.dtype == dtype and torch.equal(cos, want_cos[0]) and torch.equal(sin, want_sin[0])
+    assert runner._rope_table[0].shape[0] >= 2001
+
+
+def test_rotary_scaling_that_changes_with_the_length_is_asked_each_time(small_llama_pair, monkeypatch):
+    target, _ = small_llama_pair
+    runner = fastdecode.FastForward(target.model, compiled=False)
+    rope, calls = target.model.model.rotary_emb, []
+    monkeypatch.setattr(rope, "rope_type", "dynamic")
+    monkeypatch.setattr(rope, "forward", lambda x, position_ids: calls.append(position_ids) or
+                        (position_ids[..., None].float(), -position_ids[..., None].float()))
+    cos, sin = runner._rotary(rope, torch.zeros(2, 8), torch.tensor([4, 5]))
+    assert [c.tolist() for c in calls] == [[[4, 5]]] and cos.tolist() == [[4.0], [5.0]] and runner._rope_table is None
+
+
 def test_static_cache_crops_and_grows(small_llama_pair):
     target, _ = small_llama_pair
     runner = fastdecode.FastForward(target.model, compiled=False)
