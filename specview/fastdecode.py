@@ -210,6 +210,7 @@ class FastForward:
         # whenever the one-row probe had picked the copies, because thin lost one row to MKL by 3%.
         self.one_row_packed = not compiled
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # _rotary's cos, sin by position
+        self._bound: dict = {}  # _bound_layer's calls
         self._gather_model(model)
         from specview import compiler
 
@@ -352,7 +353,12 @@ class FastForward:
             # mask into this in every layer.
             allowed = torch.ones(rows, end, dtype=torch.bool).tril(start) if tree is None else tree[1]
             mask = torch.zeros(rows, end, dtype=self.kv_dtype).masked_fill_(~allowed, float("-inf"))
+        bound = ends is not None and hasattr(fns.layer, "bind")  # built ahead of time: bound to each layer's weights
         for i, w in enumerate(self.layers):
+            if bound:
+                layer = self._bound_layer(fns, i, gemv, len(positional), mask is not None)
+                h = layer(h, *positional, cache.keys[i], cache.values[i], ends, mask)
+                continue
             if ends is not None:
                 h = self._layer_whole(fns, h, w, positional, gemv, cache.keys[i], cache.values[i], ends, mask)
                 continue
@@ -368,6 +374,21 @@ class FastForward:
             h = h[-keep:]
         fns, gemv = self._functions_for(h.shape[0])  # a prefill keeps one row: the one-row head
         return self._head(fns, h, gemv)
+
+    def _bound_layer(self, fns, i: int, gemv: str, positional: int, masked: bool):
+        """fns.layer (built ahead of time) bound to layer i's weights and settings (compiler.AotFunction.bind): a
+        call gives (h, *positional, keys, values, ends, mask) alone. The family's _layer_whole says where each goes:
+        it is called once on stand-ins that hand its arguments back."""
+        key = (id(fns), i, gemv, positional, masked)
+        call = self._bound.get(key)
+        if call is None:
+            marks = [object() for _ in range(5 + positional)]
+            h, *cos_sin, keys, values, ends, mask = marks
+            args = self._layer_whole(_ARGUMENTS, h, self.layers[i], tuple(cos_sin), gemv, keys, values, ends,
+                                     mask if masked else None)
+            index = {id(m): n for n, m in enumerate(marks)}
+            call = self._bound[key] = fns.layer.bind(args, {p: index[id(a)] for p, a in enumerate(args) if id(a) in index})
+        return call
 
     def _functions_for(self, rows: int) -> tuple[_Fns, str]:
         if not self.compiled:
@@ -463,6 +484,14 @@ class _Fns:
 
 
 _EAGER = _Fns(attn_in, attn_out, head, layer)
+
+
+class _ARGUMENTS:
+    """Stand-in functions that hand back the arguments they are given (_bound_layer reads a layer call's)."""
+
+    @staticmethod
+    def layer(*args):
+        return args
 _COMPILED: dict = {}  # (id of a family's eager functions, rows) -> their torch.compile'd versions
 
 

@@ -237,6 +237,9 @@ def test_ahead_of_time_packages_compute_the_same_and_a_second_model_loads_them(s
     splits = (4, 1, 1, 3, 2)  # a prefill of 4, two one-row steps, verifies of 3 and 2 rows (logits of every row)
     got = fast_logits(first, ids, splits=splits)
     assert torch.allclose(got, hf_logits(target, ids), atol=1e-4)
+    # the whole layers ran bound to each layer's weights (AotFunction.bind): one row, and several under a mask
+    layers = len(first.layers)
+    assert sorted(key[4] for key in first._bound) == [False] * layers + [True] * layers
 
     def states(runner):
         # what these steps run: a prefill from nothing the halves, then whole layers of one row and of several
