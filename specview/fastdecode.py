@@ -255,7 +255,8 @@ class FastForward:
         table = self._rope_table
         need = int(positions.max()) + 1 if positions.numel() else 0
         if table is None or table[0].shape[0] < need or table[0].dtype != h.dtype:
-            length = max(need, 2 * table[0].shape[0] if table is not None else 512)
+            have = table[0].shape[0] if table is not None else 256
+            length = max(need, 2 * have if have < need else have)  # doubled when it is too short
             cos, sin = rope(h, torch.arange(length).unsqueeze(0))
             table = self._rope_table = (cos[0], sin[0])
         return table[0][positions], table[1][positions]
@@ -387,7 +388,10 @@ class FastForward:
             args = self._layer_whole(_ARGUMENTS, h, self.layers[i], tuple(cos_sin), gemv, keys, values, ends,
                                      mask if masked else None)
             index = {id(m): n for n, m in enumerate(marks)}
-            call = self._bound[key] = fns.layer.bind(args, {p: index[id(a)] for p, a in enumerate(args) if id(a) in index})
+            variable = {p: index[id(a)] for p, a in enumerate(args) if id(a) in index}
+            if len(variable) != len(marks) - (not masked):  # a stand-in wrapped or dropped: bind cannot place it
+                raise RuntimeError(f"{type(self).__name__}._layer_whole must pass each per-call tensor as it is")
+            call = self._bound[key] = fns.layer.bind(args, variable)
         return call
 
     def _functions_for(self, rows: int) -> tuple[_Fns, str]:

@@ -1,6 +1,6 @@
 // The int4 kernel's layout of codes (thinmm_int4.cpp's comment; thinmm.py's pack_int4), made in one pass:
 // every start with an int4 draft on that kernel packs its codes (135M for the bundled model), and torch's
-// elementwise operators took 0.48 s of a 2-vCPU Xeon's warm start to do it in strided passes.
+// elementwise operators took 0.22-0.27 s on a 2-vCPU Xeon to do it in strided passes.
 //
 // codes uint8 [N, K] (0..15) -> uint8 [N/16, K/8, 64]: for output row r = 16 b + i and the 8 features from 8 g,
 // bytes 4 i .. 4 i + 3 of chunk [b, g] are c0 | c2 << 4, c4 | c6 << 4, c1 | c3 << 4, c5 | c7 << 4 (c_j: the code of
@@ -19,8 +19,8 @@ at::Tensor pack_int4_codes(const at::Tensor& codes_in) {
   at::Tensor out = at::empty({N / 16, K / 8, 64}, codes.options());
   const uint8_t* c = codes.data_ptr<uint8_t>();
   uint8_t* o = out.data_ptr<uint8_t>();
-  at::parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
+  at::parallel_for(0, N / 16, 1, [&](int64_t b0, int64_t b1) {  // whole blocks: no 64-byte chunk shared by threads
+    for (int64_t r = b0 * 16; r < b1 * 16; ++r) {
       const uint8_t* row = c + r * K;
       uint8_t* dst = o + (r / 16) * (K / 8) * 64 + (r % 16) * 4;
       for (int64_t g = 0; g < K / 8; ++g, row += 8, dst += 64) {
