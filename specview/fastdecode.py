@@ -496,6 +496,8 @@ class _ARGUMENTS:
     @staticmethod
     def layer(*args):
         return args
+
+
 _COMPILED: dict = {}  # (id of a family's eager functions, rows) -> their torch.compile'd versions
 
 
