@@ -192,15 +192,15 @@ class AotFunction:
         self.row_dims = tuple(_named((rows or {}).get(name)) for name in names)
         self.written = tuple(name in written for name in names)
         self.symbolic = any(self.row_dims)
+        self.prepare = tuple(self._prepare_for(i) for i in range(len(names)))  # per argument, before each call
         self.run = None
         self.unflatten = None
         self.built: str | None = None
         self._flat_tuples: dict[int, tuple] = {}  # id of a tuple argument -> (it, its tensors): see _flatten
 
     def __call__(self, *args):
-        if self.symbolic:  # the build saw these rows contiguous; the attention's output need not be (its kernel's layout)
-            args = tuple(_written(a) if written else a.contiguous() if dims else a
-                         for a, dims, written in zip(args, self.row_dims, self.written))
+        if self.symbolic:
+            args = tuple(prepare(a) for prepare, a in zip(self.prepare, args))
         tensors = self._flatten(args)
         if self.run is None:
             self._load_or_build(args, tensors)
@@ -211,11 +211,11 @@ class AotFunction:
         values): a call of the result gives those values alone. The fixed arguments' tensors (a layer's weights)
         are listed once, as are the slots the values go to: __call__'s walk over twenty arguments, thirty layers a
         forward, took ~10% of an int4 draft's one-token forward (py-spy)."""
-        prepared = tuple(self._prepared(a, i) for i, a in enumerate(args))
+        prepared = tuple(prepare(a) if isinstance(a, torch.Tensor) else a for prepare, a in zip(self.prepare, args))
         slots, flat = [], []  # slots: (argument position, its place in the flat list, value index, preparation)
         for i, a in enumerate(prepared):
             if i in variable:
-                slots.append((i, len(flat), variable[i], self._prepare_for(i)))
+                slots.append((i, len(flat), variable[i], self.prepare[i]))
                 flat.append(None)
             elif isinstance(a, torch.Tensor):
                 flat.append(a)
@@ -236,14 +236,12 @@ class AotFunction:
         return call
 
     def _prepare_for(self, i: int):
-        """What __call__ does to argument i before the build sees it: nothing, contiguous rows, or the check that a
-        buffer written in place is the caller's."""
-        if not self.symbolic or i >= len(self.row_dims):
+        """What a call does to argument i first: nothing; its rows made contiguous (the build saw them so, and the
+        attention's output need not be: its kernel's layout); or, for a buffer written in place, the check that it
+        is the caller's, laid out as built."""
+        if not self.symbolic:
             return _same
-        return _written if self.written[i] else (lambda a: a.contiguous()) if self.row_dims[i] else _same
-
-    def _prepared(self, a, i: int):
-        return self._prepare_for(i)(a) if isinstance(a, torch.Tensor) else a
+        return _written if self.written[i] else _contiguous if self.row_dims[i] else _same
 
     def _flatten(self, args) -> list:
         """The call's tensors in order. The tuple arguments are a layer's weights, the same objects on every call
@@ -301,6 +299,10 @@ class AotFunction:
 
 def _same(a):
     return a
+
+
+def _contiguous(a):
+    return a.contiguous()
 
 
 def _written(a):
