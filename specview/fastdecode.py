@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from specview.fastlinear import kernel_of, product
+from specview.fastweights import fuse, linear_weight
 
 FAMILIES = ("llama", "mistral", "qwen2")
 INITIAL_CAPACITY = 256  # cache positions allocated first; doubled when a run needs more
@@ -100,9 +101,9 @@ class StaticKV:
 # ---- the layer, as two functions of tensors (the same code eager and compiled) ----
 
 def linear(x: torch.Tensor, w, gemv: str) -> torch.Tensor:
-    """x [rows, in] times a weight: ('dense', W [out, in], W packed | None, bias | None, one_row_reads) (_dense) or
-    ('int4', packed, scales_and_zeros, group, bias | None, halves, thin | None) (_int4). `gemv` is the kernel for one
-    row of a dense weight: 'reduce' (a
+    """x [rows, in] times a weight: ('dense', W [out, in], W packed | None, bias | None, one_row_reads) or
+    ('int4', packed, scales_and_zeros, group, bias | None, halves, thin | None), as fastweights.py makes them.
+    `gemv` is the kernel for one row of a dense weight: 'reduce' (a
     multiply-and-sum that inductor vectorizes), 'packed' (the packed copy) or 'mm' (F.linear); several rows
     take the packed copy when there is one, else F.linear. A packed copy is oneDNN's, MLAS's or thinmm's, whichever
     fastlinear's probe found faster for this shape; its product runs the kernel that packed it."""
@@ -231,7 +232,7 @@ class FastForward:
     def _gather_model(self, model) -> None:
         self.layers = [self._gather(layer) for layer in model.model.layers]
         self.final_norm = model.model.norm.weight
-        self.lm_head = _weight(model.lm_head, self.one_row_packed)
+        self.lm_head = linear_weight(model.lm_head, self.one_row_packed)
 
     def _eager_functions(self) -> _Fns:
         return _EAGER
@@ -279,7 +280,7 @@ class FastForward:
         return fns.head(h, self.final_norm, self.eps, self.lm_head, gemv)
 
     def _named_pieces(self) -> dict:
-        """piece -> ("fused" | "split", weight...) as _fuse gives them; a single matrix is ("fused", w)."""
+        """piece -> ("fused" | "split", weight...) as fastweights.fuse gives them; a single matrix is ("fused", w)."""
         layer = self.layers[0]
         return {"qkv": layer["qkv"], "o": ("fused", layer["o"]), "gate_up": layer["gate_up"],
                 "down": ("fused", layer["down"]), "head": ("fused", self.lm_head)}
@@ -288,10 +289,10 @@ class FastForward:
         attn, mlp = layer.self_attn, layer.mlp
         return {
             "norm1": layer.input_layernorm.weight, "norm2": layer.post_attention_layernorm.weight,
-            "qkv": _fuse(attn.q_proj, attn.k_proj, attn.v_proj, one_row=self.one_row_packed),
-            "o": _weight(attn.o_proj, self.one_row_packed),
-            "gate_up": _fuse(mlp.gate_proj, mlp.up_proj, one_row=self.one_row_packed),
-            "down": _weight(mlp.down_proj, self.one_row_packed),
+            "qkv": fuse(attn.q_proj, attn.k_proj, attn.v_proj, one_row=self.one_row_packed),
+            "o": linear_weight(attn.o_proj, self.one_row_packed),
+            "gate_up": fuse(mlp.gate_proj, mlp.up_proj, one_row=self.one_row_packed),
+            "down": linear_weight(mlp.down_proj, self.one_row_packed),
         }
 
     def pieces(self) -> dict:
@@ -398,83 +399,6 @@ class FastForward:
         if not self.compiled:
             return self._eager_functions(), "packed"
         return (self.fns, self.gemv) if rows == 1 else (self.fns_rows, "packed")
-
-
-def _weight(module, one_row: bool = True):
-    """A linear module as linear()'s weight tuple (nn.Linear or drafters.int4.Int4Linear). `one_row`: whether a
-    packed copy would serve one-row products too (FastForward.one_row_packed)."""
-    if type(module).__name__ == "Int4Linear":
-        return _int4_kernel(_int4(module))
-    return _dense(module.weight.detach(), module.bias, one_row)
-
-
-def _int4(module):
-    """('int4', packed, scales_and_zeros, group, bias, halves, thin): torch's packed codes, and `thin` None until
-    _int4_kernel gives it thinmm's copy."""
-    return ("int4", module.packed, module.scales_and_zeros, module.group_size, module.bias,
-            getattr(module, "halves", None), None)
-
-
-def _int4_kernel(w):
-    """The int4 weight with thinmm's copy of its codes where fastlinear's probe finds that kernel faster for its
-    shape (every product then runs it), else as it is (torch's int4 kernel)."""
-    from specview import fastlinear, thinmm
-    from specview.int4 import join_halves
-
-    _, packed, scales_and_zeros, group, bias, halves, _ = w
-    if halves is None:  # codes on another device: torch's kernel
-        return w
-    shape = (halves.shape[0], halves.shape[1] * 2)
-    if fastlinear.int4_kernel(shape, group) != "thin":
-        return w
-    codes = join_halves(halves, torch.uint8)  # a quarter of int32's memory: a start packs 135M codes
-    return ("int4", packed, scales_and_zeros, group, bias, halves, thinmm.pack_int4(codes, scales_and_zeros))
-
-
-def _dense(weight: torch.Tensor, bias, one_row: bool = True):
-    """('dense', weight, packed copy | None, bias, one_row_reads_copy). The copy's kernel is chosen for one row and
-    several (`one_row`), or for several alone (a compiled forward); then a one-row product reads the copy (gemv
-    'packed') only where the probe finds that kernel best for one row too, else F.linear: kernels.one_row_kernel
-    timed the copy of one shape only."""
-    from specview import fastlinear
-
-    dtype, shape = weight.dtype, tuple(weight.shape)
-    kernel = fastlinear.kernel_for(dtype, shape, one_row)
-    packed = None if kernel == "stock" else fastlinear.pack(weight, kernel)
-    one_row_reads = packed is not None and (one_row or fastlinear.kernel_for(dtype, shape, True) == kernel)
-    return ("dense", weight, packed, bias, one_row_reads)
-
-
-def _fuse(*modules, one_row: bool = True):
-    """One matrix for the products that read the same input (q/k/v, gate/up): one pass, one call (int4 layers:
-    _fuse_int4)."""
-    if any(type(m).__name__ == "Int4Linear" for m in modules):
-        return _fuse_int4(modules)
-    weights = [m.weight.detach() for m in modules]
-    biases = [m.bias for m in modules]
-    bias = None if all(b is None for b in biases) else torch.cat(
-        [b.detach() if b is not None else torch.zeros(w.shape[0], dtype=w.dtype) for b, w in zip(biases, weights)])
-    return ("fused", _dense(torch.cat(weights), bias, one_row))
-
-
-def _fuse_int4(modules):
-    """int4 layers fused by stacking their codes: the same codes, scales and zeros, one kernel call instead of
-    three (or two). Where the packer lays rows out in blocks that every part fills (int4.packed_row_block), the
-    packed parts are stacked as they are; else the codes are recovered from the split_halves layout and packed
-    again (0.25 s of a start for the bundled model)."""
-    from specview.int4 import join_halves, pack_codes, packed_row_block
-
-    weights = [_int4(m) if type(m).__name__ == "Int4Linear" else None for m in modules]
-    if any(w is None or w[4] is not None or w[5] is None for w in weights) or len({w[3] for w in weights}) > 1:
-        return ("split", *(_weight(m) for m in modules))
-    halves = torch.cat([w[5] for w in weights])
-    block = packed_row_block()
-    if block and all(w[1].shape[0] % block == 0 for w in weights):
-        packed = torch.cat([w[1] for w in weights])
-    else:
-        packed = pack_codes(join_halves(halves))
-    scales_and_zeros = torch.cat([w[2] for w in weights], dim=1).contiguous()
-    return ("fused", _int4_kernel(("int4", packed, scales_and_zeros, weights[0][3], None, halves, None)))
 
 
 class _Fns:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specview.fastdecode import FastForward, _dense, _Fns, _weight, attend, linear
+from specview.fastdecode import FastForward, _Fns, attend, linear
+from specview.fastweights import dense, linear_weight
 
 ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
 
@@ -68,11 +69,11 @@ def _conv1d(module, one_row: bool = True):
     weight is re-laid out in place: its values stay, its storage becomes [out, in] (the parameter a transposed
     view of it, which Conv1D's addmm takes as well), so the model holds one copy, not two (gpt2-xl: 6 GB)."""
     if type(module).__name__ == "Int4Linear":
-        return _weight(module)
+        return linear_weight(module)
     weight = module.weight.detach()
     if weight.is_contiguous():  # [in, out] as transformers made it: lay it out as [out, in] once
         module.weight.data = weight.t().contiguous().t()
-    return _dense(module.weight.detach().t(), module.bias, one_row)
+    return dense(module.weight.detach().t(), module.bias, one_row)
 
 
 class GPT2Forward(FastForward):
@@ -90,7 +91,7 @@ class GPT2Forward(FastForward):
             "fc": _conv1d(block.mlp.c_fc, self.one_row_packed), "proj": _conv1d(block.mlp.c_proj, self.one_row_packed),
         } for block in model.transformer.h]
         self.final_norm = (model.transformer.ln_f.weight, model.transformer.ln_f.bias)
-        self.lm_head = _weight(model.lm_head, self.one_row_packed)
+        self.lm_head = linear_weight(model.lm_head, self.one_row_packed)
 
     def _eager_functions(self) -> _Fns:
         return _EAGER

@@ -12,7 +12,7 @@ import torch
 from test_lossless import CASES, drafter_counts, exact_joint, tv, tv_threshold
 
 import specview.engine as engine
-from specview import compiler, fastdecode, fastgpt2, kernels
+from specview import compiler, fastdecode, fastgpt2, fastweights, kernels
 from specview.engine import Decoder
 from specview.errors import SpecviewError
 from specview.int4 import int4_copy
@@ -443,7 +443,7 @@ def test_a_one_row_product_reads_a_copy_chosen_for_rows_only_where_the_probe_say
     for one_row_best, reads in (("stock", False), ("packed", True)):
         monkeypatch.setattr(fastlinear, "kernel_for", lambda dtype, shape, one_row=True, best=one_row_best:
                             best if one_row else "packed")
-        w = fastdecode._dense(weight, None, one_row=False)
+        w = fastweights.dense(weight, None, one_row=False)
         assert w[2] is not None and w[4] is reads
         called = []
         monkeypatch.setattr(fastdecode, "product", lambda *args, seen=called: seen.append(args) or torch.zeros(1, 48))

@@ -264,9 +264,9 @@ def test_split_halves_round_trip():
 @pytest.mark.parametrize("kernel", ["0", "thin"])  # torch's int4 kernel alone, or thinmm's copy as well
 @pytest.mark.parametrize("rows", [(576, 192, 192), (64, 128), (48, 80, 16), (16, 16)])
 def test_fusing_by_stacking_packed_parts_packs_what_repacking_the_codes_packs(rows, kernel, monkeypatch):
-    """fastdecode fuses q/k/v and gate/up by stacking their packed codes when every part fills the packer's row
+    """fastweights fuses q/k/v and gate/up by stacking their packed codes when every part fills the packer's row
     blocks (the block probed on this machine), else by repacking the joined codes: both ways the same tensor."""
-    from specview import fastdecode, thinmm
+    from specview import fastweights, thinmm
     from specview.int4 import join_halves, pack_codes, packed_row_block
 
     if kernel == "thin" and not thinmm.int4_available():
@@ -275,7 +275,7 @@ def test_fusing_by_stacking_packed_parts_packs_what_repacking_the_codes_packs(ro
     block = packed_row_block()
     assert block is None or block in (16, 32, 64, 128, 256)
     modules = [Int4Linear(torch.nn.Linear(64, n, bias=False)) for n in rows]
-    kind, (_, packed, scales_and_zeros, group, bias, halves, thin) = fastdecode._fuse_int4(modules)
+    kind, (_, packed, scales_and_zeros, group, bias, halves, thin) = fastweights.fuse_int4(modules)
     assert kind == "fused" and group == 32 and bias is None
     assert torch.equal(packed, pack_codes(join_halves(halves)))
     assert (thin is not None) == (kernel == "thin")
