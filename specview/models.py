@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import re
 import socket
@@ -207,6 +208,19 @@ def _from_pretrained(src: ModelSource, spec: str, folder: str | None = None, pla
     return model, tokenizer
 
 
+def _record_added_tokens(tokenizer, folder) -> None:
+    """Write the tokenizer's added tokens into the entry's tokenizer_config.json. transformers leaves them out
+    for a tokenizers-backed tokenizer, and its load then parses the whole tokenizer.json in Python (3.5 MB for
+    SmolLM2: 0.3 s of every warm start) only to find them again; with them listed it skips that parse. The
+    tokenizer is the same either way (tests/test_weights_cache.py compares them)."""
+    path = os.path.join(folder, "tokenizer_config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    config["added_tokens_decoder"] = {str(i): token.__getstate__() for i, token in tokenizer.added_tokens_decoder.items()}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, ensure_ascii=False)
+
+
 def _load_gguf_cached(src: ModelSource, spec: str, say: Callable[[str], None], placement: dict | None = None):
     """A GGUF source through the weights cache (specview/weights_cache.py): converted once, then loaded
     from a save_pretrained folder, as float32 as the direct load."""
@@ -235,6 +249,7 @@ def _load_gguf_cached(src: ModelSource, spec: str, say: Callable[[str], None], p
         try:
             model.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
+            _record_added_tokens(tokenizer, folder)
         finally:
             if bars:
                 hf_logging.enable_progress_bar()

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-FORMAT = 1  # bump when what an entry holds changes
+FORMAT = 2  # bump when what an entry holds changes (2: the added tokens listed in tokenizer_config.json)
 MARKER = "specview-cache.json"
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 24 * 3600  # a temporary folder this old is from a build that died

@@ -1,12 +1,14 @@
 """`specview check` on tiny models: a correct engine passes both tests for every kind of drafter, and a
 deliberately broken one fails them (the check has power). Fixed seeds: every outcome is deterministic."""
 
+import math
+
 import pytest
 import torch
 
 import tiny
 from helpers import run_cli
-from specview.check import Divergence, DrafterResult, chi_square
+from specview.check import Divergence, DrafterResult, chi_square, chi_square_tail
 from specview.check_report import passed, summary_line
 
 
@@ -102,6 +104,15 @@ def test_the_chi_square_bins_and_zero_probability_tokens():
     assert pv == 0.0 and "probability 0" in note
     stat, pv, bins, note = chi_square([0] * 100, torch.tensor([0.999, 0.001], dtype=torch.float64))
     assert pv is None and "no power" in note
+
+
+def test_the_chi_square_tail_against_closed_forms():
+    # dof 2: exp(-x/2); dof 1: erfc(sqrt(x/2)); the 5% critical values of dof 1 and 10
+    for x in (0.0, 0.5, 3.0, 12.0, 40.0):
+        assert chi_square_tail(x, 2) == pytest.approx(math.exp(-x / 2), rel=1e-12, abs=1e-300)
+        assert chi_square_tail(x, 1) == pytest.approx(math.erfc(math.sqrt(x / 2)), rel=1e-10, abs=1e-300)
+    assert chi_square_tail(3.841458820694124, 1) == pytest.approx(0.05, rel=1e-9)
+    assert chi_square_tail(18.307038053275146, 10) == pytest.approx(0.05, rel=1e-9)
 
 
 def test_prompts_from_a_file_and_a_bad_file(capsys, spread_pair, tmp_path):
