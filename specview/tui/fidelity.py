@@ -4,14 +4,15 @@ sitting (docs/design.md, "Engine stream"):
     python -m specview.tui.fidelity [--rounds 3] [--terminal both|pilot|tmux] [run options, e.g. --threads 1]
                                                                                           (make fidelity)
 
-Each round runs `specview run --profile`, then the TUI through Pilot (headless: it paints nothing), then
-the TUI in a real pseudo-terminal (a detached tmux pane of 120x40: the screen is drawn, escape codes
-and all, and tmux parses them as a terminal would), each with its engine in a child process as always:
-`r` until the run ends, then `q`. It reads the three profiles and prints, per round and over all
-rounds, the median verify forward per step, the median draft forward per drafted token and tokens/s,
-each TUI against the headless run, with the TUI's own CPU per step (its timing panel's `ui … ms
-cpu/step`, read off the screen in tmux) and the load average. The figures are the profiles' own: the
-same step records.
+A sitting starts with `specview run --profile`; each round then runs the TUI through Pilot (headless: it
+paints nothing), then the TUI in a real pseudo-terminal (a detached tmux pane of 120x40: the screen is drawn,
+escape codes and all, and tmux parses them as a terminal would), each with its engine in a child process as
+always: `r` until the run ends, then `q`, and another `specview run --profile`: every TUI run is held against
+the mean of the headless runs on either side of it (a drifting host moves both alike). It reads the profiles
+and prints, per round and over all rounds, the median verify forward per step, the median draft forward per
+drafted token and tokens/s, each TUI against the headless runs, with the TUI's own CPU per step (its timing
+panel's `ui … ms cpu/step`, read off the screen in tmux) and the load average. The figures are the profiles'
+own: the same step records.
 """
 
 from __future__ import annotations
@@ -223,20 +224,20 @@ def main(argv: list[str] | None = None) -> int:
     drivers = {"pilot": pilot, "tmux": terminal}
     console.print(f"CPU: {cpu_flags()}, {os.cpu_count()} cores; run options: {shlex.join(run_args) or '(defaults)'}; "
                   f"TUI at {SIZE[0]}x{SIZE[1]}", style="dim")
-    rounds = []  # per round: {"run": medians, "pilot": medians, "tmux": medians}
+    rounds = []  # per round: {"run": the headless runs on either side, "pilot": medians, "tmux": medians}
     with tempfile.TemporaryDirectory(prefix="specview-fidelity-") as scratch:
         tmp = args.keep or scratch
+        runs = [headless(run_args, os.path.join(tmp, "run0"))]
         for r in range(args.rounds):
-            found = {"run": headless(run_args, os.path.join(tmp, f"run{r}"))}
-            for mode in modes:
-                found[mode] = drivers[mode](run_args, os.path.join(tmp, f"{mode}{r}"))
-            rounds.append(found)
+            found = {mode: drivers[mode](run_args, os.path.join(tmp, f"{mode}{r}")) for mode in modes}
+            runs.append(headless(run_args, os.path.join(tmp, f"run{r + 1}")))
+            rounds.append({"run": bracket(runs[-2], runs[-1]), **found})
             console.print(f"round {r + 1}: " + "; ".join(
                 f"{side} {m['steps']} steps, median step {m['step_ms']:.1f} ms, prefill {m['prefill_ms']} ms, "
-                f"load {m['load']:.2f}" for side, m in found.items()), style="dim")
+                f"load {m['load']:.2f}" for side, m in {**found, "run after": runs[-1]}.items()), style="dim")
     for mode in modes:
         console.print(_table(mode, rounds))
-    note = noise_note(rounds)
+    note = noise_note(runs)
     if note:
         console.print(note, style="yellow" if "too noisy" in note else "dim")
     return 0
@@ -245,12 +246,25 @@ def main(argv: list[str] | None = None) -> int:
 BAR = 1.05  # docs: TUI / headless within 5% for the verify and the draft per token
 
 
-def noise_note(rounds: list[dict]) -> str | None:
-    """How far the headless runs themselves moved between rounds: a TUI/headless ratio can only be judged against
-    a bar wider than that (on a shared VM the same run measured 24.7 to 33.7 tokens/s minutes apart)."""
+def bracket(before: dict, after: dict) -> dict:
+    """The headless figures a TUI run is held against: the mean of the headless runs just before and just after
+    it. A host whose speed drifts over minutes (a shared VM's neighbours) moves both sides of a pair alike only
+    if they are measured around the same moment; bracketing cancels a steady drift, which a headless run before
+    the TUI alone takes for the TUI's cost."""
+    out = dict(before)
+    for key, a in before.items():
+        b = after.get(key)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and key != "steps":
+            out[key] = (a + b) / 2
+    return out
+
+
+def noise_note(runs: list[dict]) -> str | None:
+    """How far the headless runs themselves moved during the sitting: a TUI/headless ratio can only be judged
+    against a bar wider than that (on a shared VM the same run measured 24.7 to 33.7 tokens/s minutes apart)."""
     spreads = {}
     for key, name in (("verify_ms", "verify"), ("draft_ms_per_token", "draft per token")):
-        values = [f["run"][key] for f in rounds if f["run"][key]]
+        values = [run[key] for run in runs if run[key]]
         if len(values) > 1:
             spreads[name] = max(values) / min(values)
     if not spreads:
