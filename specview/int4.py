@@ -306,35 +306,33 @@ def int4_copy(model: nn.Module, group_size: int = GROUP_SIZE, head: bool = False
     The input model is not modified. `stored` (load_codes of an earlier copy of the same weights, the same group
     size and head) gives every matrix its codes without quantizing: the same copy, 0.5 s sooner for SmolLM2."""
     check_int4_supported(model, next(model.parameters()).device, group_size, head)
-    # The matrices about to be replaced are read, not copied (the copy's modules point at the source's until their
-    # Int4Linear replaces them): a full copy of them cost 0.3 s a start. Not a matrix any kept module also holds
-    # (a head tied to the embedding): that one must be copied, since the copy's parameters are cast below.
+    # The copy is made without copying a weight twice: the matrices about to be replaced are read, not copied (the
+    # copy's modules point at the source's until their Int4Linear replaces them; a full copy of them cost 0.3 s a
+    # start), and every other parameter (the embedding, the norms) enters the copy already bfloat16, as the cast
+    # at the end would leave it (a float32 copy of the 113 MB embedding and then its cast cost 0.15 s). The codes
+    # are made from the source's modules, in the source's precision (float32 for the GGUF model: that is what
+    # makes them come back exactly), also for a head tied to the embedding, whose copy is bfloat16 by then.
     replaced = {id(m): m for _, m in _linears(model, head)}
     kept = {id(p) for m in model.modules() if id(m) not in replaced for p in m.parameters(recurse=False)}
     memo = {id(m.weight): m.weight for m in replaced.values() if id(m.weight) not in kept}
-    # The kept parameters (the embedding, the norms) go into the copy already cast to bfloat16, as the loop at the
-    # end would leave them: one pass over the embedding instead of a float32 copy and then a cast (0.1 s a start).
-    # Not a matrix about to be quantized (a head tied to the embedding under `head`): that one needs float32.
-    quantized = {id(m.weight) for m in replaced.values()}
     for p in model.parameters():
-        if id(p) in kept and id(p) not in quantized and p.is_floating_point():
+        if id(p) in kept and p.is_floating_point():
             memo[id(p)] = nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=p.requires_grad)
     int4 = copy.deepcopy(model, memo)
     if head:
         int4.config.tie_word_embeddings = False  # the embedding keeps its bfloat16 rows, the head its codes
-    # Quantize from the copy's weights while they still have the source precision (float32 for the
-    # GGUF model: that is what makes the codes come back exactly), before the cast below.
-    replace = list(_linears(int4, head))
-    if stored is not None and set(stored) != {name for name, _ in replace}:
+    names = [name for name, _ in _linears(int4, head)]
+    if stored is not None and set(stored) != set(names):
         raise ValueError("the stored codes are for other matrices")
     output = int4.get_output_embeddings()
     # Only the head gets an importance: a layer matrix's min/max codes are the GGUF's own (`@int4` keeps them).
     importance = head_importance(model, context=context) if head and stored is None else None
-    for name, module in replace:
+    for name in names:
         parent_name, _, child = name.rpartition(".")
+        is_head = int4.get_submodule(name) is output
         setattr(int4.get_submodule(parent_name), child,
-                Int4Linear(module, group_size, None if stored is None else stored[name],
-                           importance if module is output else None))
+                Int4Linear(model.get_submodule(name), group_size, None if stored is None else stored[name],
+                           importance if is_head else None))
     # Parameters only, as from_pretrained(dtype=bfloat16) does: buffers such as Llama's rotary
     # inv_freq stay float32. parameters() yields a tied embedding once; .data keeps the tie.
     for p in int4.parameters():
