@@ -18,7 +18,8 @@ An entry is complete when its marker file (MARKER, written last) lists every fil
 the files match: a truncated or missing file, bad JSON or a bad safetensors header marks it broken,
 and it is rebuilt. Entries are built in a temporary folder in the cache dir and renamed into place,
 so a reader never sees half an entry; a leftover temporary folder (a killed build) is never read and
-is removed once it is a day old. Writing the cache is best effort: if it fails, the model built from
+is removed once it is a day old. A new entry removes the one it supersedes (the same key at an older FORMAT), so
+a FORMAT bump does not leave a dead copy of every converted model behind. Writing the cache is best effort: if it fails, the model built from
 the source is still returned, with a one-line warning.
 """
 
@@ -168,6 +169,28 @@ def _write_entry(entry: Path, key_inputs: dict, save: Callable[[Path], None]) ->
         _fsync(entry.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    _remove_superseded(entry, key_inputs)
+
+
+def _remove_superseded(entry: Path, key_inputs: dict) -> None:
+    """Remove the entries this one replaces: the same key but an older FORMAT (the same source, torch and
+    transformers; an int4 entry's own settings too), which this version never reads. Without this, every FORMAT
+    bump would leave each user a dead copy of every converted model (540 MB for the bundled one). Entries of
+    other torch or transformers versions are left alone: another environment may share the cache."""
+    if not isinstance(key_inputs.get("format"), int):
+        return
+    rest = {k: v for k, v in key_inputs.items() if k != "format"}
+    for other in entry.parent.iterdir():
+        if other == entry or not other.is_dir() or other.name.startswith(TMP_PREFIX):
+            continue
+        try:
+            old = json.loads((other / MARKER).read_text(encoding="utf-8"))["key"]
+            superseded = (isinstance(old.get("format"), int) and old["format"] < key_inputs["format"]
+                          and {k: v for k, v in old.items() if k != "format"} == rest)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # not an entry (thinmm's build, the compiled packages) or not a readable one
+        if superseded:
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def _remove_stale_tmp(root: Path) -> None:

@@ -141,6 +141,21 @@ def test_a_leftover_temp_folder_is_ignored_and_a_stale_one_removed(cache_root):
     assert fresh.exists() and not stale.exists()  # a fresh one may be another process's build in progress
 
 
+def test_a_new_format_replaces_its_old_entry_and_leaves_other_versions_alone(cache_root):
+    key = {"format": 1, "source_sha256": "abc", "torch": "2.13.0", "transformers": "5.23.0"}
+    c = Counter()
+    c(key)
+    c({**key, "transformers": "5.24.0"})  # another environment sharing the cache
+    c({**key, "source_sha256": "def"})  # another model
+    old, other_version, other_model = (entry_path("tiny", k) for k in (
+        key, {**key, "transformers": "5.24.0"}, {**key, "source_sha256": "def"}))
+    (cache_root / "thinmm").mkdir()  # a build folder without a marker is not an entry
+    c({**key, "format": 2})
+    assert not old.exists()  # the same model at an older FORMAT: nothing reads it any more
+    assert other_version.exists() and other_model.exists() and (cache_root / "thinmm").exists()
+    assert entry_path("tiny", {**key, "format": 2}).exists() and c.builds == 4
+
+
 def test_a_failed_write_still_returns_the_model(cache_root):
     cache_root.parent.mkdir(parents=True, exist_ok=True)
     cache_root.write_text("a file where the cache folder should be")
