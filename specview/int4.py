@@ -171,7 +171,8 @@ class Int4Linear(nn.Module):
         self.halves = halves
         self.register_buffer("scales_and_zeros", scales_and_zeros)
         bias = linear.bias
-        self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16, copy=True),
+                                                             requires_grad=False)  # never the source's storage
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
@@ -311,13 +312,14 @@ def int4_copy(model: nn.Module, group_size: int = GROUP_SIZE, head: bool = False
     # start), and every other parameter (the embedding, the norms) enters the copy already bfloat16, as the cast
     # at the end would leave it (a float32 copy of the 113 MB embedding and then its cast cost 0.15 s). The codes
     # are made from the source's modules, in the source's precision (float32 for the GGUF model: that is what
-    # makes them come back exactly), also for a head tied to the embedding, whose copy is bfloat16 by then.
+    # makes them come back exactly), also for a head tied to the embedding, whose copy is bfloat16 by then. A copy
+    # even of a bfloat16 source (copy=True): the draft must never share a tensor with the target it came from.
     replaced = {id(m): m for _, m in _linears(model, head)}
     kept = {id(p) for m in model.modules() if id(m) not in replaced for p in m.parameters(recurse=False)}
     memo = {id(m.weight): m.weight for m in replaced.values() if id(m.weight) not in kept}
     for p in model.parameters():
         if id(p) in kept and p.is_floating_point():
-            memo[id(p)] = nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=p.requires_grad)
+            memo[id(p)] = nn.Parameter(p.detach().to(torch.bfloat16, copy=True), requires_grad=p.requires_grad)
     int4 = copy.deepcopy(model, memo)
     if head:
         int4.config.tie_word_embeddings = False  # the embedding keeps its bfloat16 rows, the head its codes

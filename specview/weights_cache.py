@@ -180,17 +180,25 @@ def _remove_superseded(entry: Path, key_inputs: dict) -> None:
     if not isinstance(key_inputs.get("format"), int):
         return
     rest = {k: v for k, v in key_inputs.items() if k != "format"}
-    for other in entry.parent.iterdir():
-        if other == entry or not other.is_dir() or other.name.startswith(TMP_PREFIX):
-            continue
+    try:
+        others = [p for p in entry.parent.iterdir() if p != entry and p.is_dir() and not p.name.startswith(TMP_PREFIX)]
+    except OSError:
+        return
+    for other in others:
         try:
             old = json.loads((other / MARKER).read_text(encoding="utf-8"))["key"]
             superseded = (isinstance(old.get("format"), int) and old["format"] < key_inputs["format"]
                           and {k: v for k, v in old.items() if k != "format"} == rest)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # not an entry (thinmm's build, the compiled packages) or not a readable one
-        if superseded:
-            shutil.rmtree(other, ignore_errors=True)
+        if not superseded:
+            continue
+        try:  # moved aside in one rename (a reader sees it whole or missing), then deleted; a leftover is swept later
+            trash = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-", dir=entry.parent))
+            os.replace(other, trash / "entry")
+        except OSError:
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def _remove_stale_tmp(root: Path) -> None:

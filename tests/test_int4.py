@@ -166,6 +166,17 @@ def test_int4_copy_tracks_the_float_model(kind):
     assert (out.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
 
 
+@pytest.mark.parametrize("head", [False, True])
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_the_copy_of_a_bfloat16_model_shares_no_storage_with_it(kind, head):
+    # a hub model loaded in bfloat16 drafting for itself: an in-place change of the draft must not reach the target
+    model = MODELS[kind]().to(torch.bfloat16)
+    source = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()] if t.numel()}
+    q4 = int4_copy(model, head=head)
+    copied = [t for t in [*q4.parameters(), *q4.buffers()] if t.numel()]
+    assert copied and not any(t.untyped_storage().data_ptr() in source for t in copied)
+
+
 @pytest.mark.parametrize("kind", list(MODELS))
 def test_int4_head_copy_quantizes_the_head_and_keeps_the_embedding(kind):
     model = MODELS[kind]()

@@ -149,11 +149,14 @@ def test_a_new_format_replaces_its_old_entry_and_leaves_other_versions_alone(cac
     c({**key, "source_sha256": "def"})  # another model
     old, other_version, other_model = (entry_path("tiny", k) for k in (
         key, {**key, "transformers": "5.24.0"}, {**key, "source_sha256": "def"}))
+    c({**key, "format": 3})  # a newer specview sharing the cache
     (cache_root / "thinmm").mkdir()  # a build folder without a marker is not an entry
     c({**key, "format": 2})
     assert not old.exists()  # the same model at an older FORMAT: nothing reads it any more
     assert other_version.exists() and other_model.exists() and (cache_root / "thinmm").exists()
-    assert entry_path("tiny", {**key, "format": 2}).exists() and c.builds == 4
+    assert entry_path("tiny", {**key, "format": 3}).exists()  # a newer FORMAT is not ours to remove
+    assert entry_path("tiny", {**key, "format": 2}).exists() and c.builds == 5
+    assert not [p for p in cache_root.iterdir() if p.name.startswith(".")]  # nothing left aside
 
 
 def test_a_failed_write_still_returns_the_model(cache_root):
