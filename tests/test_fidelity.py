@@ -24,6 +24,9 @@ def test_a_tui_run_is_held_against_the_headless_runs_on_both_sides():
     # a host slowing steadily by 12%: a TUI run between the two at 53 ms costs nothing, as the mean says
     assert bracket(before, after) == {"verify_ms": 53.0, "draft_ms_per_token": 10.5, "tokens_per_s": 28.5,
                                       "steps": 14, "ui_cpu_ms": None}
+    # a figure one side lacks (no drafted step in that run) is the other side's, whichever side it is
+    assert bracket({**before, "verify_ms": None}, after)["verify_ms"] == 56.0
+    assert bracket(before, {**after, "verify_ms": None})["verify_ms"] == 50.0
 
 
 def test_one_round_or_none_measured_says_nothing():

@@ -5,13 +5,13 @@ sitting (docs/design.md, "Engine stream"):
                                                                                           (make fidelity)
 
 A sitting starts with `specview run --profile`; each round then runs the TUI through Pilot (headless: it
-paints nothing), then the TUI in a real pseudo-terminal (a detached tmux pane of 120x40: the screen is drawn,
+paints nothing) and the TUI in a real pseudo-terminal (a detached tmux pane of 120x40: the screen is drawn,
 escape codes and all, and tmux parses them as a terminal would), each with its engine in a child process as
-always: `r` until the run ends, then `q`, and another `specview run --profile`: every TUI run is held against
-the mean of the headless runs on either side of it (a drifting host moves both alike). It reads the profiles
-and prints, per round and over all rounds, the median verify forward per step, the median draft forward per
-drafted token and tokens/s, each TUI against the headless runs, with the TUI's own CPU per step (its timing
-panel's `ui … ms cpu/step`, read off the screen in tmux) and the load average. The figures are the profiles'
+always: `r` until the run ends, then `q`, each followed by another `specview run --profile`: every TUI run is
+held against the mean of the headless runs on either side of it (a drifting host moves both alike). It reads
+the profiles and prints, per round and over all rounds, the median verify forward per step, the median draft
+forward per drafted token and tokens/s, each TUI against its headless runs, with the TUI's own CPU per step (its
+timing panel's `ui … ms cpu/step`, read off the screen in tmux) and the load average. The figures are the profiles'
 own: the same step records.
 """
 
@@ -224,19 +224,22 @@ def main(argv: list[str] | None = None) -> int:
     drivers = {"pilot": pilot, "tmux": terminal}
     console.print(f"CPU: {cpu_flags()}, {os.cpu_count()} cores; run options: {shlex.join(run_args) or '(defaults)'}; "
                   f"TUI at {SIZE[0]}x{SIZE[1]}", style="dim")
-    rounds = []  # per round: {"run": the headless runs on either side, "pilot": medians, "tmux": medians}
+    rounds: dict[str, list] = {mode: [] for mode in modes}  # per mode, per round: {"run": its bracket, mode: medians}
     with tempfile.TemporaryDirectory(prefix="specview-fidelity-") as scratch:
         tmp = args.keep or scratch
         runs = [headless(run_args, os.path.join(tmp, "run0"))]
         for r in range(args.rounds):
-            found = {mode: drivers[mode](run_args, os.path.join(tmp, f"{mode}{r}")) for mode in modes}
-            runs.append(headless(run_args, os.path.join(tmp, f"run{r + 1}")))
-            rounds.append({"run": bracket(runs[-2], runs[-1]), **found})
+            said = []
+            for mode in modes:  # H pilot H tmux H ...: every TUI run between two headless runs of its own
+                tui = drivers[mode](run_args, os.path.join(tmp, f"{mode}{r}"))
+                runs.append(headless(run_args, os.path.join(tmp, f"run{len(runs)}")))
+                rounds[mode].append({"run": bracket(runs[-2], runs[-1]), mode: tui})
+                said += [(mode, tui), ("run", runs[-1])]
             console.print(f"round {r + 1}: " + "; ".join(
                 f"{side} {m['steps']} steps, median step {m['step_ms']:.1f} ms, prefill {m['prefill_ms']} ms, "
-                f"load {m['load']:.2f}" for side, m in {**found, "run after": runs[-1]}.items()), style="dim")
+                f"load {m['load']:.2f}" for side, m in said), style="dim")
     for mode in modes:
-        console.print(_table(mode, rounds))
+        console.print(_table(mode, rounds[mode]))
     note = noise_note(runs)
     if note:
         console.print(note, style="yellow" if "too noisy" in note else "dim")
@@ -254,8 +257,12 @@ def bracket(before: dict, after: dict) -> dict:
     out = dict(before)
     for key, a in before.items():
         b = after.get(key)
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and key != "steps":
+        if key == "steps":
+            continue
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
             out[key] = (a + b) / 2
+        elif a is None:  # measured on one side only (a run without drafts): that side's figure
+            out[key] = b
     return out
 
 
