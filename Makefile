@@ -22,10 +22,11 @@ $(STAMP): pyproject.toml
 run: install
 	.venv/bin/specview $(ARGS)
 
-# The exact-law and compiled-path tests are pure computation (thousands of sampled runs, kernel builds; no
+# The exact-law, check and compiled-path tests are pure computation (thousands of sampled runs, kernel builds; no
 # timing, signals or terminal): two workers share them. The rest runs in one process, as written. Both halves
 # always run; the target fails if either does.
-PARALLEL_TESTS := tests/test_lossless.py tests/test_policies.py tests/test_compiled.py tests/test_trees.py
+PARALLEL_TESTS := tests/test_lossless.py tests/test_policies.py tests/test_compiled.py tests/test_trees.py \
+                  tests/test_check.py
 test: install
 	status=0; \
 	$(PY) -m pytest -q -n 2 $(PARALLEL_TESTS) || status=1; \
