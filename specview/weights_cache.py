@@ -157,10 +157,8 @@ def _write_entry(entry: Path, key_inputs: dict, save: Callable[[Path], None]) ->
         marker = {"key": key_inputs, "files": files, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         (tmp / MARKER).write_text(json.dumps(marker, indent=1), encoding="utf-8")  # last: marks it complete
         _fsync(tmp / MARKER)
-        if entry.exists():  # a broken entry: move it aside first (a folder cannot be renamed onto a full one)
-            trash = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-", dir=entry.parent))
-            os.replace(entry, trash / "entry")
-            shutil.rmtree(trash, ignore_errors=True)
+        if entry.exists():  # a broken entry: out of the way first (a folder cannot be renamed onto a full one)
+            _discard(entry)
         try:
             os.replace(tmp, entry)
         except OSError:
@@ -193,12 +191,18 @@ def _remove_superseded(entry: Path, key_inputs: dict) -> None:
             continue  # not an entry (thinmm's build, the compiled packages) or not a readable one
         if not superseded:
             continue
-        try:  # moved aside in one rename (a reader sees it whole or missing), then deleted; a leftover is swept later
-            trash = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-", dir=entry.parent))
-            os.replace(other, trash / "entry")
+        try:
+            _discard(other)
         except OSError:
             continue
-        shutil.rmtree(trash, ignore_errors=True)
+
+
+def _discard(entry: Path) -> None:
+    """Remove an entry: moved aside in one rename (a reader sees it whole or missing, never half deleted), then
+    deleted; whatever a failed deletion leaves is a temporary folder, swept once a day old."""
+    trash = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-", dir=entry.parent))
+    os.replace(entry, trash / "entry")
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def _remove_stale_tmp(root: Path) -> None:
