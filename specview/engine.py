@@ -26,7 +26,8 @@ from specview.drafters.model import ModelDrafter
 from specview.events import RunSummary, StepResult
 from specview.kvcache import crop_cache, keep_rows, new_cache
 from specview.memory import memory_mb
-from specview.models import LoadedModel, placed_devices, vocab_limit
+from specview.models import LoadedModel, vocab_limit
+from specview.placement import placed_devices
 from specview.policies import make_policy, parse_policy
 from specview.sampling import probs_from_logits, sample
 from specview.settings import SamplingConfig

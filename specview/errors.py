@@ -12,3 +12,11 @@ def shown(text: str, most: int = 120) -> str:
     if not text.isprintable():
         text = repr(text)[1:-1]
     return text if len(text) <= most else text[:most] + f"... ({len(text)} characters)"
+
+
+def one_line(err: Exception, limit: int = 240) -> str:
+    """An exception's message on one line: transformers' messages often end their first line with ':'
+    and put the substance on the next ones."""
+    text = " ".join(line.strip() for line in str(err).strip().splitlines() if line.strip())
+    text = text or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -10,7 +10,7 @@ MB = 1024 * 1024
 
 
 def memory_mb(device: torch.device, placed: list[str] | tuple = ()) -> dict:
-    """RSS and the device's figures; with a model over several devices (`placed`, models.placed_devices),
+    """RSS and the device's figures; with a model over several devices (`placed`, placement.placed_devices),
     also `devices`: {"cuda:0": allocated MiB, "cpu": null, "disk": null, ...} (null: counted in RSS, or on disk)."""
     out: dict[str, float | None] = {
         "rss": _PROCESS.memory_info().rss / MB,

@@ -18,9 +18,9 @@ An entry is complete when its marker file (MARKER, written last) lists every fil
 the files match: a truncated or missing file, bad JSON or a bad safetensors header marks it broken,
 and it is rebuilt. Entries are built in a temporary folder in the cache dir and renamed into place,
 so a reader never sees half an entry; a leftover temporary folder (a killed build) is never read and
-is removed once it is a day old. A new entry removes the one it supersedes (the same key at an older FORMAT), so
-a FORMAT bump does not leave a dead copy of every converted model behind. Writing the cache is best effort: if it fails, the model built from
-the source is still returned, with a one-line warning.
+is removed once it is a day old. A new entry removes the one it supersedes (the same key at an older
+FORMAT), so a FORMAT bump does not leave a dead copy of every converted model behind. Writing the cache
+is best effort: if it fails, the model built from the source is still returned, with a one-line warning.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ import torch
 import tiny
 from specview.engine import Decoder
 from specview.errors import SpecviewError
-from specview.models import load_model, parse_max_memory, placement
+from specview.models import load_model
+from specview.placement import parse_max_memory, placement
 from specview.settings import SamplingConfig
 
 CPU = torch.device("cpu")
