@@ -22,16 +22,10 @@ $(STAMP): pyproject.toml
 run: install
 	.venv/bin/specview $(ARGS)
 
-# The exact-law, check and compiled-path tests are pure computation (thousands of sampled runs, kernel builds; no
-# timing, signals or terminal): two workers share them. The rest runs in one process, as written. Both halves
-# always run; the target fails if either does.
-PARALLEL_TESTS := tests/test_lossless.py tests/test_policies.py tests/test_compiled.py tests/test_trees.py \
-                  tests/test_check.py
+# Two workers: the exact-law, check and compiled-path tests are spread one by one, every other file runs whole on
+# one worker as written (tests/conftest.py, SPREAD).
 test: install
-	status=0; \
-	$(PY) -m pytest -q -n 2 $(PARALLEL_TESTS) || status=1; \
-	$(PY) -m pytest -q $(addprefix --ignore=,$(PARALLEL_TESTS)) tests || status=1; \
-	exit $$status
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
 # The fuzz tests' long form (make test runs them short, seeded): random seeds, 20x the examples, each test
 # stopped after FUZZ_SECONDS. The HTTP API from its OpenAPI schema (schemathesis), every parser, the files
