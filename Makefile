@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 run: install
 	.venv/bin/specview $(ARGS)
 
-# Two workers: the exact-law, check and compiled-path tests are spread one by one, every other file runs whole on
+# Two workers: the exact-law, check, compiled-path and tree tests are spread one by one, every other file runs whole on
 # one worker as written (tests/conftest.py, SPREAD).
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests

@@ -27,8 +27,8 @@ hf_logging.disable_progress_bar()  # save_pretrained's bars would pollute captur
 torch.set_num_threads(1)  # tiny models: threads only add overhead, and the machine is shared
 
 
-# make test runs the whole suite on two workers (pytest -n 2 --dist loadgroup). The exact-law, check and
-# compiled-path files are pure computation (thousands of sampled runs, kernel builds): their tests are spread one
+# make test runs the whole suite on two workers (pytest -n 2 --dist loadgroup). The exact-law, check, compiled-path
+# and tree files are pure computation (thousands of sampled runs, kernel builds): their tests are spread one
 # by one. Every other file runs whole on one worker, in its order, as written: its fixtures, servers, terminals
 # and signals stay in one process, and the two workers only share the machine.
 SPREAD = {"test_lossless.py", "test_policies.py", "test_compiled.py", "test_trees.py", "test_check.py"}
