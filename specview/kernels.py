@@ -11,7 +11,7 @@
 Per piece (each distinct weight matrix of the fast forward: the fused q/k/v, o, the fused gate/up, down,
 the head; the embedding is a lookup), the one-row product runs as a compiled multiply-and-sum
 ('reduce'), a compiled F.linear ('mm') or the packed copy with its kernel (MLAS, thinmm or oneDNN: 'mlas' / 'thin' /
-'packed' in the pieces); several rows run oneDNN on a packed copy ('packed'), MLAS on its own ('mlas') or thinmm on
+'packed' in the pieces), whichever gives the fastest whole one-token forward (one_row_kernel); several rows run oneDNN on a packed copy ('packed'), MLAS on its own ('mlas') or thinmm on
 the weight itself ('thin'), where fastlinear's probe finds them faster, else F.linear ('mm'). An int4 piece runs
 torch's int4 kernel ('int4') or thinmm's on its own copy of the codes ('thin'), whichever that probe finds faster,
 for every row count. Only
@@ -86,14 +86,14 @@ def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
     decided = cached.get(key) if isinstance(cached.get(key), dict) else None
     if mode == "auto" and decided and decided.get("mode") == "eager":
         return ForwardChoice("eager", decided.get("why", "a probe found it no faster compiled"))
-    gemv = one_row_kernel(model, say)
     if compiler.aot_enabled():
         say(f"loading {lm.spec}'s one-row forward (the first time on a machine, it is built: about 10 s a function)")
     else:
         say(f"compiling {lm.spec}'s one-row forward (inductor; cached on disk after the first time)")
     t0 = time.perf_counter()
-    runner = fastdecode.install(model, compiled=True, gemv=gemv, family=family)
+    runner = fastdecode.install(model, compiled=True, family=family)
     try:
+        runner.set_one_row(one_row_kernel(model, runner, say))
         _warm(runner)
     except Exception as err:  # noqa: BLE001 - a build that fails (the compiler, export) must not stop the run
         fastdecode.uninstall(model)
@@ -178,59 +178,53 @@ def _probe_forward(lm, runner, rounds: int = 7) -> tuple[float, float]:
     return statistics.median(times["compiled"]) * 1000, statistics.median(times["eager"]) * 1000
 
 
-def one_row_kernel(model, say=lambda msg: None) -> str:
-    """'reduce', 'mm' or 'packed' for the compiled one-row products of this model's dtype: a compiled product of
-    one row by the model's largest layer matrix, each way, over enough copies to stream from memory. 'packed' (the
-    weight's packed copy, with the kernel fastlinear's probe chose for its shape: MLAS, thinmm or oneDNN) is a candidate
-    where that probe found one: on an AVX2 EPYC MLAS read a one-row product's weights at about 21 GB/s against
-    the compiled reduce's 17."""
-    head = model.get_output_embeddings()
-    dense = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
-    if not dense and isinstance(head, torch.nn.Linear):  # every layer matrix is int4: only the head is dense
-        dense = [head.weight]
-    if not dense:  # nothing dense at all: every product runs an int4 kernel (fastlinear.int4_kernel)
+def one_row_kernel(model, runner, say=lambda msg: None) -> str:
+    """'reduce', 'mm' or 'packed': the one-row product of this model's dense weights in its compiled forward
+    (`runner`), whichever gives the fastest one-token forward here. 'reduce' is a multiply-and-sum inductor
+    vectorizes, 'mm' F.linear (MKL's product), 'packed' each piece's packed copy where fastlinear's probe found
+    its kernel best for one row (MLAS, thinmm or oneDNN), else F.linear: a candidate where some piece has such a
+    copy. The whole forward is timed with each, not one product: a product timed alone misleads. On a 2-vCPU
+    Xeon (AVX-512) the reduce beat MKL for a 1536x576 matrix called alone, yet the target's one-token forward ran
+    1.26x faster at one thread on MKL (which wins on the fused gate/up and the head, 86% of its bytes); on an
+    AVX2 EPYC MLAS read a one-row product's weights at about 21 GB/s against the compiled reduce's 17."""
+    dense = [w for w in runner.products() if w[0] == "dense"]
+    if not dense:  # every product runs an int4 kernel (fastlinear.int4_kernel): nothing to choose
         return "mm"
-    weight = max(dense, key=lambda w: w.numel())
-    dtype, shape = weight.dtype, tuple(weight.shape)
-    # the copy a compiled forward's products of several rows read, which a one-row product may read too ("stock": none)
-    packed = fastlinear.kernel_for(dtype, shape, one_row=False)
-    kinds = ("reduce", "mm") + (("packed",) if packed != "stock" else ())
+    packed = sorted({fastlinear.label(fastlinear.kernel_of(w[2])) for w in dense if w[2] is not None and w[4]})
+    kinds = ("reduce", "mm") + (("packed",) if packed else ())
     # another set of candidates (or onnxruntime's version): measured again
-    named = "+".join(kind if kind != "packed" else f"packed {fastlinear.label(packed)}" for kind in kinds)
+    named = "+".join(kinds) + "".join(f"/{label}" for label in packed)
     cached = machine.read_cached(CHOICE_FILE)
-    key = (f"{machine.host_key()}/torch {torch.__version__}/threads={torch.get_num_threads()}/one_row/{dtype}/{shape}"
-           f"/{named}/{fastlinear.probe_label()}")
+    key = f"{_key(model, 'one_row_forward')}/{named}/{fastlinear.probe_label()}"
     if isinstance(cached.get(key), dict) and cached[key].get("kernel") in kinds:
         return cached[key]["kernel"]
-    say(f"probing the one-row kernel for {str(dtype).removeprefix('torch.')} {shape[0]}x{shape[1]}")
-    seconds = {name: _probe_one_row(name, dtype, shape, packed) for name in kinds}
-    kernel = min(seconds, key=seconds.get)
-    cached[key] = {"kernel": kernel, **{f"{name}_s": s for name, s in seconds.items()},
+    say(f"timing the one-token forward with each one-row product ({', '.join(kinds)}): once on a machine")
+    ms = _probe_one_row(runner, kinds)
+    kernel = min(ms, key=ms.get)
+    cached = machine.read_cached(CHOICE_FILE)
+    cached[key] = {"kernel": kernel, **{f"{name}_ms": value for name, value in ms.items()},
                    "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     machine.store_cached(CHOICE_FILE, cached)
     return kernel
 
 
-def _probe_one_row(kernel: str, dtype, shape, packed: str = "stock", repeats: int = 5) -> float:
-    from specview.fastlinear import probe_matrices  # the same streamed set of weights as fastlinear's probe
-
-    def weight():
-        w = torch.rand(*shape, dtype=dtype)
-        return ("dense", w, fastlinear.pack(w, packed) if kernel == "packed" else None, None, True)
-
-    weights = [weight() for _ in range(probe_matrices(dtype, shape))]
-    x = torch.randn(1, shape[1], dtype=dtype)
-    product = compiler.compile_fn(fastdecode.linear)
-    best = float("inf")
-    with torch.inference_mode():
-        for w in weights[:1]:
-            product(x, w, kernel)  # compile
-        for _ in range(repeats):
+def _probe_one_row(runner, kinds: tuple[str, ...], rounds: int = 9) -> dict[str, float]:
+    """{kind: median ms} of `runner`'s one-token forward after a 16-token prefix with each one-row product,
+    interleaved round by round (a machine whose speed drifts moves them alike). The first round builds (or
+    loads) each kind's one-row functions and is not counted."""
+    cache = runner.new_cache()
+    runner(torch.zeros(16, dtype=torch.long), cache, 1)
+    one = torch.zeros(1, dtype=torch.long)
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for i in range(rounds + 1):
+        for kind in kinds:
+            runner.set_one_row(kind, keep_others=True)
             t0 = time.perf_counter()
-            for w in weights:
-                product(x, w, kernel)
-            best = min(best, time.perf_counter() - t0)
-    return best
+            runner(one, cache, 1)
+            if i:
+                times[kind].append(time.perf_counter() - t0)
+            cache.crop(-1)
+    return {kind: statistics.median(values) * 1000 for kind, values in times.items()}
 
 
 def products_ms(model, rows: tuple[int, ...]) -> dict[str, float] | None:

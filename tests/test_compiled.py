@@ -251,6 +251,16 @@ def test_ahead_of_time_packages_compute_the_same_and_a_second_model_loads_them(s
     second = fastdecode.FastForward(target.model, compiled=True, gemv="reduce")
     assert torch.equal(fast_logits(second, ids, splits=splits), got)
     assert set(states(second)) == {"loaded"}
+    # A package serves the constants it was built with: another one-row product (kernels.one_row_kernel's probe
+    # switches between them) gets functions of its own, built for it, and a switch back finds the first ones.
+    reduce_fns = second.fns
+    second.set_one_row("mm", keep_others=True)
+    assert torch.allclose(fast_logits(second, ids, splits=splits), got, atol=1e-4)
+    assert second.fns is not reduce_fns and states(second)[:2] == [second.fns.layer.built, second.fns.head.built]
+    assert all(state.startswith("built in") for state in states(second)[:2])
+    second.set_one_row("reduce")
+    assert second.fns is reduce_fns and len(second._one_row_fns) == 1
+    assert {key[0] for key in second._bound} <= {id(reduce_fns), id(second.fns_rows)}  # mm's bound layers dropped
 
 
 @needs_compiler
@@ -260,7 +270,7 @@ def test_a_build_that_fails_falls_back_to_eager_under_auto_and_is_one_line_under
     monkeypatch.delenv("SPECVIEW_COMPILE")
     monkeypatch.setenv("SPECVIEW_AOT", "1")
     monkeypatch.setattr(compiler, "aot_dir", lambda: str(tmp_path))  # no package built by another test
-    monkeypatch.setattr(kernels, "one_row_kernel", lambda model, say=None: "reduce")  # no probe: not under test
+    monkeypatch.setattr(kernels, "one_row_kernel", lambda model, runner, say=None: "reduce")  # no probe: not under test
 
     def broken_build(module, tensors, path, dynamic_shapes=None):
         raise RuntimeError("g++: internal compiler error\nmore lines")

@@ -149,20 +149,26 @@ def test_an_input_that_needs_its_gradient_takes_f_linear(monkeypatch):
 
 @needs_mlas
 def test_the_one_row_kernel_weighs_the_packed_copy_where_there_is_one(small_llama_pair, tmp_path, monkeypatch):
-    """kernels.one_row_kernel: 'packed' (here MLAS) is a candidate only where fastlinear packs the shape; the choice
-    is kept under a key naming the candidates, so a machine that gains onnxruntime measures again."""
+    """kernels.one_row_kernel: 'packed' (here MLAS) is a candidate only where fastlinear packs a piece for one row;
+    the fastest whole forward wins; the choice is kept under a key naming the candidates, so a machine that gains
+    onnxruntime measures again."""
     import json
+
+    from specview import fastdecode
 
     monkeypatch.setenv("SPECVIEW_CACHE_DIR", str(tmp_path))
     timed = {"reduce": 2.0, "mm": 3.0, "packed": 1.0}
     probed = []
-    monkeypatch.setattr(kernels, "_probe_one_row", lambda kind, dtype, shape, packed: probed.append((kind, packed))
-                        or timed[kind])
+    monkeypatch.setattr(kernels, "_probe_one_row", lambda runner, kinds: probed.append(kinds)
+                        or {kind: timed[kind] for kind in kinds})
     target, _ = small_llama_pair
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
-    assert kernels.one_row_kernel(target.model) == "packed"
-    assert probed == [("reduce", "mlas"), ("mm", "mlas"), ("packed", "mlas")]
+    runner = fastdecode.FastForward(target.model, compiled=True)
+    assert kernels.one_row_kernel(target.model, runner) == "packed"
+    assert kernels.one_row_kernel(target.model, runner) == "packed" and len(probed) == 1  # kept, not measured again
+    assert probed == [("reduce", "mm", "packed")]
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")  # no packed copy: not a candidate, another key
-    assert kernels.one_row_kernel(target.model) == "reduce" and len(probed) == 5
-    keys = [key for key in json.loads((tmp_path / "kernels.json").read_text()) if "/one_row/" in key]
-    assert len(keys) == 2 and any(f"+packed mlas {mlas.version()}/streams " in key for key in keys)
+    runner = fastdecode.FastForward(target.model, compiled=True)
+    assert kernels.one_row_kernel(target.model, runner) == "reduce" and probed[1:] == [("reduce", "mm")]
+    keys = [key for key in json.loads((tmp_path / "kernels.json").read_text()) if "/one_row_forward/" in key]
+    assert len(keys) == 2 and any(f"reduce+mm+packed/mlas {mlas.version()}/streams " in key for key in keys)
