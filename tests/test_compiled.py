@@ -355,6 +355,18 @@ def test_auto_decides_once_per_machine_and_keeps_the_choice(small_llama_pair, mo
     second = kernels.prepare(target, "auto")
     assert second.mode == first.mode and second.why == first.why
     assert (fastdecode.runner_for(target.model) is not None) == (second.mode == "compiled")
+    # A decision timed with another one-row product (a cache an older specview wrote) is timed again, once.
+    from specview import machine
+
+    key = kernels._key(target.model, "forward")
+    entries = machine.read_cached(kernels.CHOICE_FILE)
+    entries[key]["one_row"] = "another"
+    machine.store_cached(kernels.CHOICE_FILE, entries)
+    probed = []
+    monkeypatch.setattr(kernels, "_probe_forward", lambda lm, runner: probed.append(runner.gemv) or (1.0, 10.0))
+    assert kernels.prepare(target, "auto").mode == "compiled" and len(probed) == 1
+    assert machine.read_cached(kernels.CHOICE_FILE)[key]["one_row"] == probed[0]
+    assert kernels.prepare(target, "auto").mode == "compiled" and len(probed) == 1
     fastdecode.uninstall(target.model)
 
 
