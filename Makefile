@@ -57,20 +57,19 @@ bench: install
 
 # llama.cpp on the same GGUF file (plain and with its prompt lookup) beside our engine, one thread each.
 # The first time, pip builds llama-cpp-python from source (gcc and cmake, minutes).
-# Built for this CPU's vector extensions, AMX left out: llama.cpp's default (-march=native) runs AMX kernels where
-# the CPU lists AMX, and a VM that lists it without passing it through kills the first decode (SIGILL, SIGSEGV).
-# Built again on every install of the stamp (--force-reinstall --no-cache-dir: pip would keep an earlier build or reuse
-# its wheel), so `rm .venv/.installed-llamacpp; make bench-llamacpp` replaces a build that crashes; then its dependencies.
+# Built again on every install of the stamp (uninstalled first, --no-cache-dir: pip would keep an earlier build or reuse
+# its wheel), so `rm .venv/.installed-llamacpp; make bench-llamacpp` replaces a build that crashes. Where the CPU lists
+# AMX, built for its vector extensions without it: llama.cpp's default (-march=native) runs AMX kernels there, and a
+# VM that lists AMX without passing it through kills the first decode (SIGILL, SIGSEGV). Elsewhere its native build.
 LLAMACPP_STAMP := .venv/.installed-llamacpp
 CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
 LLAMACPP_ISA := avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx512f:AVX512 avx512vbmi:AVX512_VBMI \
 	avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16 avx_vnni:AVX_VNNI
-LLAMACPP_CMAKE := -DGGML_NATIVE=OFF $(foreach pair,$(LLAMACPP_ISA),$(if $(filter $(word 1,$(subst :, ,$(pair))),\
-	$(CPU_FLAGS)),-DGGML_$(word 2,$(subst :, ,$(pair)))=ON))
+LLAMACPP_CMAKE := $(if $(filter amx_tile,$(CPU_FLAGS)),-DGGML_NATIVE=OFF $(foreach pair,$(LLAMACPP_ISA),$(if \
+	$(filter $(word 1,$(subst :, ,$(pair))),$(CPU_FLAGS)),-DGGML_$(word 2,$(subst :, ,$(pair)))=ON)))
 $(LLAMACPP_STAMP): $(STAMP)
-	CMAKE_ARGS="$(LLAMACPP_CMAKE)" $(PIP) install -q --no-cache-dir --force-reinstall --no-deps "$$($(PY) -c \
-		'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["llamacpp"][0])')"
-	$(PIP) install -q -e ".[llamacpp]"
+	$(PIP) uninstall -q -y llama-cpp-python 2>/dev/null || true
+	CMAKE_ARGS="$(LLAMACPP_CMAKE)" $(PIP) install -q --no-cache-dir -e ".[llamacpp]"
 	touch $(LLAMACPP_STAMP)
 
 bench-llamacpp: install $(LLAMACPP_STAMP)

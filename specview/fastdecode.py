@@ -473,11 +473,13 @@ def _functions(backend: str, eager: _Fns, rows: bool = False) -> _Fns:
 _runners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> FastForward
 
 
-def install(model, compiled: bool, gemv: str = "mm", family: type = FastForward) -> FastForward:
-    """Run `model`'s forwards through `family` (FastForward for the Llama family, fastgpt2.GPT2Forward)."""
+def install(model, compiled: bool, gemv: str | None = None, family: type = FastForward) -> FastForward:
+    """Run `model`'s forwards through `family` (FastForward for the Llama family, fastgpt2.GPT2Forward). `gemv`: the
+    one-row product ('mm' for a new runner); None keeps an installed runner's (kernels.prepare's choice)."""
     runner = _runners.get(model)
-    if runner is None or runner.compiled != compiled or runner.gemv != gemv or type(runner) is not family:
-        runner = _runners[model] = family(model, compiled, gemv)
+    if (runner is None or runner.compiled != compiled or gemv is not None and runner.gemv != gemv
+            or type(runner) is not family):
+        runner = _runners[model] = family(model, compiled, gemv or "mm")
     return runner
 
 

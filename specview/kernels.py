@@ -84,7 +84,9 @@ def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
     cached = machine.read_cached(CHOICE_FILE)
     key = _key(model, "forward")
     decided = cached.get(key) if isinstance(cached.get(key), dict) else None
-    if mode == "auto" and decided and decided.get("mode") == "eager":
+    # An eager verdict stands once it was taken against the forward's chosen one-row product ("one_row": written since
+    # that choice times the whole forward; an older verdict may have lost with a slower product, and is taken again).
+    if mode == "auto" and decided and decided.get("mode") == "eager" and decided.get("one_row"):
         return ForwardChoice("eager", decided.get("why", "a probe found it no faster compiled"))
     if compiler.aot_enabled():
         say(f"loading {lm.spec}'s one-row forward (the first time on a machine, it is built: about 10 s a function)")
@@ -199,10 +201,11 @@ def one_row_kernel(model, runner, say=lambda msg: None) -> str:
     cached = machine.read_cached(CHOICE_FILE)
     key = f"{_key(model, 'one_row_forward')}/{named}/{fastlinear.probe_label()}"
     if isinstance(cached.get(key), dict) and cached[key].get("kernel") in kinds:
-        return cached[key]["kernel"]
+        return cached[key]["kernel"]  # the caller sets it (runner.set_one_row)
     say(f"timing the one-token forward with each one-row product ({', '.join(kinds)}): once on a machine")
     ms = _probe_one_row(runner, kinds)
     kernel = min(ms, key=ms.get)
+    runner.set_one_row(kernel)  # the probe left it on the last kind, every kind's functions loaded
     cached = machine.read_cached(CHOICE_FILE)
     cached[key] = {"kernel": kernel, **{f"{name}_ms": value for name, value in ms.items()},
                    "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

@@ -256,8 +256,10 @@ def test_ahead_of_time_packages_compute_the_same_and_a_second_model_loads_them(s
     reduce_fns = second.fns
     second.set_one_row("mm", keep_others=True)
     assert torch.allclose(fast_logits(second, ids, splits=splits), got, atol=1e-4)
-    assert second.fns is not reduce_fns and states(second)[:2] == [second.fns.layer.built, second.fns.head.built]
-    assert all(state.startswith("built in") for state in states(second)[:2])
+    assert second.fns is not reduce_fns and all(state.startswith("built in") for state in states(second)[:2])
+    assert {key[2] for key in second._bound if key[0] == id(second.fns)} == {"mm"}  # built for mm, not reduce
+    one_row_heads = [p for p in tmp_path.glob("head-*.pt2") if not p.name.startswith("head-rows-")]
+    assert len(one_row_heads) == 2  # reduce's and mm's (a whole layer's package is symbolic: "layer-rows" for both)
     second.set_one_row("reduce")
     assert second.fns is reduce_fns and len(second._one_row_fns) == 1
     assert {key[0] for key in second._bound} <= {id(reduce_fns), id(second.fns_rows)}  # mm's bound layers dropped
@@ -344,6 +346,10 @@ def test_auto_decides_once_per_machine_and_keeps_the_choice(small_llama_pair, mo
     monkeypatch.setattr(kernels, "_probe_forward", lambda lm, runner: (probe(lm, runner), (1.0, 10.0))[1])
     first = kernels.prepare(target, "auto")
     assert first.mode == "compiled" and "probe" in first.why
+    # the real one-row probe ran: the runner is left on its choice, the other kinds' functions let go
+    runner = fastdecode.runner_for(target.model)
+    assert runner.gemv in ("reduce", "mm", "packed") and list(runner._one_row_fns) == [runner.gemv]
+    assert runner.fns is runner._one_row_fns[runner.gemv]
     assert not any(m in fastlinear._packed for m in target.model.modules())  # the probe's packs are not kept
     assert first.compile_s is None or first.compile_s < 600  # a hang guard, not a timing test
 
@@ -367,6 +373,14 @@ def test_auto_decides_once_per_machine_and_keeps_the_choice(small_llama_pair, mo
     assert kernels.prepare(target, "auto").mode == "compiled" and len(probed) == 1
     assert machine.read_cached(kernels.CHOICE_FILE)[key]["one_row"] == probed[0]
     assert kernels.prepare(target, "auto").mode == "compiled" and len(probed) == 1
+    # An eager verdict without that record (an older specview's) is taken again too; with it, it stands.
+    entries = machine.read_cached(kernels.CHOICE_FILE)
+    entries[key] = {"mode": "eager", "why": "old"}
+    machine.store_cached(kernels.CHOICE_FILE, entries)
+    assert kernels.prepare(target, "auto").mode == "compiled" and len(probed) == 2
+    entries[key] = {"mode": "eager", "why": "kept", "one_row": "mm"}
+    machine.store_cached(kernels.CHOICE_FILE, entries)
+    assert kernels.prepare(target, "auto").why == "kept" and len(probed) == 2
     fastdecode.uninstall(target.model)
 
 
@@ -457,8 +471,8 @@ def test_a_compiled_forwards_copies_are_chosen_for_the_verify_alone(small_llama_
 
 
 def test_a_one_row_product_reads_a_copy_chosen_for_rows_only_where_the_probe_says_one_row_too(monkeypatch):
-    """kernels.one_row_kernel times the copy of one shape; another shape's copy, chosen for a verify's rows, must not
-    serve its one-row products (gemv 'packed') where fastlinear's probe finds another kernel better for one row."""
+    """A copy chosen for a verify's rows must not serve a shape's one-row products (gemv 'packed') where fastlinear's
+    probe finds another kernel better for one row of that shape."""
     from specview import fastlinear
 
     weight, x = torch.randn(48, 32), torch.randn(1, 32)
