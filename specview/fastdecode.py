@@ -217,8 +217,7 @@ class FastForward:
 
         # "aot": built ahead of time for this model; "dynamo": torch.compile; "eager": these functions as they are
         self.backend = ("aot" if compiler.aot_enabled() else "dynamo") if compiled else "eager"
-        self.fns = _functions(self.backend, self._eager_functions())  # one row: a decoding or drafting step
-        self._one_row_fns = {gemv: self.fns}  # by one-row product (set_one_row)
+        self._one_row_fns = {gemv: _functions(self.backend, self._eager_functions())}  # by one-row product (fns)
         self.fns_rows = _functions(self.backend, self._eager_functions(), rows=True)  # a verify, a prefill
 
     # ---- what a family defines (Llama here; fastgpt2.py for GPT-2) ----
@@ -396,13 +395,18 @@ class FastForward:
             call = self._bound[key] = fns.layer.bind(args, variable)
         return call
 
+    @property
+    def fns(self) -> _Fns:
+        """The functions of one row (a decoding or drafting step), for the one-row product `gemv`."""
+        return self._one_row_fns[self.gemv]
+
     def set_one_row(self, gemv: str, keep_others: bool = False) -> None:
         """One-row products by `gemv` from now on (kernels.one_row_kernel times each): their own functions, as a
         package built ahead of time serves the constants it was built for; `keep_others` keeps the other kinds'
         loaded for a probe that switches back and forth."""
+        fns = self._one_row_fns.get(gemv) or _functions(self.backend, self._eager_functions())
+        self._one_row_fns = {**(self._one_row_fns if keep_others else {}), gemv: fns}
         self.gemv = gemv
-        self.fns = self._one_row_fns.get(gemv) or _functions(self.backend, self._eager_functions())
-        self._one_row_fns = {**(self._one_row_fns if keep_others else {}), gemv: self.fns}
         kept = {id(fns) for fns in (*self._one_row_fns.values(), self.fns_rows)}
         self._bound = {key: call for key, call in self._bound.items() if key[0] in kept}  # by id(fns): see above
 

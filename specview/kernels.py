@@ -11,8 +11,8 @@
 Per piece (each distinct weight matrix of the fast forward: the fused q/k/v, o, the fused gate/up, down,
 the head; the embedding is a lookup), the one-row product runs as a compiled multiply-and-sum
 ('reduce'), a compiled F.linear ('mm') or the packed copy with its kernel (MLAS, thinmm or oneDNN: 'mlas' / 'thin' /
-'packed' in the pieces), whichever gives the fastest whole one-token forward (one_row_kernel); several rows run oneDNN on a packed copy ('packed'), MLAS on its own ('mlas') or thinmm on
-the weight itself ('thin'), where fastlinear's probe finds them faster, else F.linear ('mm'). An int4 piece runs
+'packed' in the pieces), whichever gives the fastest whole one-token forward (one_row_kernel); several rows run
+oneDNN on a packed copy ('packed'), MLAS on its own ('mlas') or thinmm on the weight itself ('thin'), where fastlinear's probe finds them faster, else F.linear ('mm'). An int4 piece runs
 torch's int4 kernel ('int4') or thinmm's on its own copy of the codes ('thin'), whichever that probe finds faster,
 for every row count. Only
 kernels that compute the same product up to float summation order are chosen automatically: an
@@ -190,7 +190,8 @@ def one_row_kernel(model, runner, say=lambda msg: None) -> str:
     copy. The whole forward is timed with each, not one product: a product timed alone misleads. On a 2-vCPU
     Xeon (AVX-512) the reduce beat MKL for a 1536x576 matrix called alone, yet the target's one-token forward ran
     1.26x faster at one thread on MKL (which wins on the fused gate/up and the head, 86% of its bytes); on an
-    AVX2 EPYC MLAS read a one-row product's weights at about 21 GB/s against the compiled reduce's 17."""
+    AVX2 EPYC MLAS read a one-row product's weights at about 21 GB/s against the compiled reduce's 17. A probe
+    leaves `runner` on the last kind it timed: the caller sets the choice (runner.set_one_row)."""
     dense = [w for w in runner.products() if w[0] == "dense"]
     if not dense:  # every product runs an int4 kernel (fastlinear.int4_kernel): nothing to choose
         return "mm"
@@ -201,11 +202,10 @@ def one_row_kernel(model, runner, say=lambda msg: None) -> str:
     cached = machine.read_cached(CHOICE_FILE)
     key = f"{_key(model, 'one_row_forward')}/{named}/{fastlinear.probe_label()}"
     if isinstance(cached.get(key), dict) and cached[key].get("kernel") in kinds:
-        return cached[key]["kernel"]  # the caller sets it (runner.set_one_row)
+        return cached[key]["kernel"]
     say(f"timing the one-token forward with each one-row product ({', '.join(kinds)}): once on a machine")
     ms = _probe_one_row(runner, kinds)
     kernel = min(ms, key=ms.get)
-    runner.set_one_row(kernel)  # the probe left it on the last kind, every kind's functions loaded
     cached = machine.read_cached(CHOICE_FILE)
     cached[key] = {"kernel": kernel, **{f"{name}_ms": value for name, value in ms.items()},
                    "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

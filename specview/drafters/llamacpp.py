@@ -177,8 +177,9 @@ def crash_reason(path: str) -> str | None:
     if done.returncode < 0:
         crash = (f"llama.cpp died of {signal.Signals(-done.returncode).name} in a trial decode: its build runs "
                  "instructions this machine refuses (AMX in a VM, say); rebuild it without them: in specview's clone "
-                 "`rm .venv/.installed-llamacpp; make bench-llamacpp` (this CPU's vector extensions, no AMX), or CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
-                 "-DGGML_AVX512=ON\" pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python")
+                 "`rm .venv/.installed-llamacpp; make bench-llamacpp` (this CPU's vector extensions, no AMX), or "
+                 "CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON\" "
+                 "pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python")
     cached = machine.read_cached(TRIAL_FILE)
     cached[key] = {"crash": crash, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     machine.store_cached(TRIAL_FILE, cached)
