@@ -80,11 +80,15 @@ def test_step_records_are_consistent(loaded_pair):
         if s.rejected_at is not None:
             assert s.rejected_at == s.accepted and s.bonus is None
             assert s.emitted[-1] == s.resampled and len(s.residual_top) == 5
+            top = [prob for _, prob in s.residual_top]
+            assert top == sorted(top, reverse=True) and 0 < sum(top) <= 1 + 1e-6
             # the rejected token can never be resampled: the residual puts no mass on it
             assert s.resampled != s.drafted[s.rejected_at]
             # r > p/q at the rejection, r <= p/q before it
             assert s.r[s.rejected_at] * s.q[s.rejected_at] > s.p[s.rejected_at]
-        elif s.stop_reason is None:
+        else:  # the residual's top is computed at a rejection only
+            assert s.residual_top is None
+        if s.rejected_at is None and s.stop_reason is None:
             assert s.bonus == s.emitted[-1] and s.accepted == len(s.drafted)
         assert all(s.r[i] * s.q[i] <= s.p[i] for i in range(s.accepted))
         assert set(s.phases_ms) >= {"draft", "verify", "sample", "cache", "other", "softmax", "layernorm"}
