@@ -211,7 +211,7 @@ class FastForward:
         # whenever the one-row probe had picked the copies, because thin lost one row to MKL by 3%.
         self.one_row_packed = not compiled
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # _rotary's cos, sin by position
-        self._bound: dict = {}  # _bound_layer's calls
+        self._bound: dict = {}  # (id(fns), gemv, positional, masked) -> _bound_layers' calls
         self._gather_model(model)
         from specview import compiler
 
@@ -355,45 +355,50 @@ class FastForward:
             # mask into this in every layer.
             allowed = torch.ones(rows, end, dtype=torch.bool).tril(start) if tree is None else tree[1]
             mask = torch.zeros(rows, end, dtype=self.kv_dtype).masked_fill_(~allowed, float("-inf"))
-        bound = ends is not None and hasattr(fns.layer, "bind")  # built ahead of time: bound to each layer's weights
-        for i, w in enumerate(self.layers):
-            if bound:
-                layer = self._bound_layer(fns, i, gemv, len(positional), mask is not None)
+        if ends is not None and hasattr(fns.layer, "bind"):  # built ahead of time: bound to each layer's weights
+            for i, layer in enumerate(self._bound_layers(fns, gemv, len(positional), mask is not None)):
                 h = layer(h, *positional, cache.keys[i], cache.values[i], ends, mask)
-                continue
-            if ends is not None:
+        elif ends is not None:
+            for i, w in enumerate(self.layers):
                 h = self._layer_whole(fns, h, w, positional, gemv, cache.keys[i], cache.values[i], ends, mask)
-                continue
-            q, k, v = self._layer_in(fns, h, w, positional, gemv)
-            cache.keys[i][:, :, start:end] = k
-            cache.values[i][:, :, start:end] = v
-            attn = F.scaled_dot_product_attention(q.to(self.kv_dtype), cache.keys[i][:, :, :end],
-                                                  cache.values[i][:, :, :end], attn_mask=mask, scale=self.scale,
-                                                  enable_gqa=self.heads != self.kv_heads)
-            h = self._layer_out(fns, h, attn, w, gemv)
+        else:
+            for i, w in enumerate(self.layers):
+                q, k, v = self._layer_in(fns, h, w, positional, gemv)
+                cache.keys[i][:, :, start:end] = k
+                cache.values[i][:, :, start:end] = v
+                attn = F.scaled_dot_product_attention(q.to(self.kv_dtype), cache.keys[i][:, :, :end],
+                                                      cache.values[i][:, :, :end], attn_mask=mask, scale=self.scale,
+                                                      enable_gqa=self.heads != self.kv_heads)
+                h = self._layer_out(fns, h, attn, w, gemv)
         cache.length = end
         if keep:
             h = h[-keep:]
         fns, gemv = self._functions_for(h.shape[0])  # a prefill keeps one row: the one-row head
         return self._head(fns, h, gemv)
 
+    def _bound_layers(self, fns, gemv: str, positional: int, masked: bool) -> list:
+        """fns.layer bound to each layer in turn (_bound_layer), made once per kind of call: a forward looks them up
+        once, not thirty times."""
+        key = (id(fns), gemv, positional, masked)
+        calls = self._bound.get(key)
+        if calls is None:
+            calls = self._bound[key] = [self._bound_layer(fns, i, gemv, positional, masked)
+                                        for i in range(len(self.layers))]
+        return calls
+
     def _bound_layer(self, fns, i: int, gemv: str, positional: int, masked: bool):
         """fns.layer (built ahead of time) bound to layer i's weights and settings (compiler.AotFunction.bind): a
         call gives (h, *positional, keys, values, ends, mask) alone. The family's _layer_whole says where each goes:
         it is called once on stand-ins that hand its arguments back."""
-        key = (id(fns), i, gemv, positional, masked)
-        call = self._bound.get(key)
-        if call is None:
-            marks = [object() for _ in range(5 + positional)]
-            h, *cos_sin, keys, values, ends, mask = marks
-            args = self._layer_whole(_ARGUMENTS, h, self.layers[i], tuple(cos_sin), gemv, keys, values, ends,
-                                     mask if masked else None)
-            index = {id(m): n for n, m in enumerate(marks)}
-            variable = {p: index[id(a)] for p, a in enumerate(args) if id(a) in index}
-            if len(variable) != len(marks) - (not masked):  # a stand-in wrapped or dropped: bind cannot place it
-                raise RuntimeError(f"{type(self).__name__}._layer_whole must pass each per-call tensor as it is")
-            call = self._bound[key] = fns.layer.bind(args, variable)
-        return call
+        marks = [object() for _ in range(5 + positional)]
+        h, *cos_sin, keys, values, ends, mask = marks
+        args = self._layer_whole(_ARGUMENTS, h, self.layers[i], tuple(cos_sin), gemv, keys, values, ends,
+                                 mask if masked else None)
+        index = {id(m): n for n, m in enumerate(marks)}
+        variable = {p: index[id(a)] for p, a in enumerate(args) if id(a) in index}
+        if len(variable) != len(marks) - (not masked):  # a stand-in wrapped or dropped: bind cannot place it
+            raise RuntimeError(f"{type(self).__name__}._layer_whole must pass each per-call tensor as it is")
+        return fns.layer.bind(args, variable)
 
     @property
     def fns(self) -> _Fns:
