@@ -48,7 +48,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool 
     """
     if greedy:
         return probs.argmax(dim=-1)
-    cdf = probs.double().cumsum(dim=-1)
+    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)  # the same numbers as .double().cumsum(), one pass fewer
     u = torch.rand(probs.shape[:-1] + (1,), generator=generator, device=probs.device, dtype=torch.float64)
     # right=True: token i covers [cdf[i-1], cdf[i]); a zero-probability token covers nothing.
     index = torch.searchsorted(cdf, u * cdf[..., -1:], right=True).squeeze(-1)
