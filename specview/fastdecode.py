@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from specview.fastlinear import kernel_of, product
-from specview.fastweights import fuse, linear_weight
+from specview.fastweights import fuse, head_weight, linear_weight
 
 FAMILIES = ("llama", "mistral", "qwen2")
 INITIAL_CAPACITY = 256  # cache positions allocated first; doubled when a run needs more
@@ -101,12 +101,17 @@ class StaticKV:
 # ---- the layer, as two functions of tensors (the same code eager and compiled) ----
 
 def linear(x: torch.Tensor, w, gemv: str) -> torch.Tensor:
-    """x [rows, in] times a weight: ('dense', W [out, in], W packed | None, bias | None, one_row_reads) or
-    ('int4', packed, scales_and_zeros, group, bias | None, halves, thin | None), as fastweights.py makes them.
+    """x [rows, in] times a weight: ('dense', W [out, in], W packed | None, bias | None, one_row_reads),
+    ('int4', packed, scales_and_zeros, group, bias | None, halves, thin | None) or ('int8', codes [out, in],
+    scales [out, in / 32], bias | None), as fastweights.py makes them.
     `gemv` is the kernel for one row of a dense weight: 'reduce' (a
     multiply-and-sum that inductor vectorizes), 'packed' (the packed copy) or 'mm' (F.linear); several rows
     take the packed copy when there is one, else F.linear. A packed copy is oneDNN's, MLAS's or thinmm's, whichever
     fastlinear's probe found faster for this shape; its product runs the kernel that packed it."""
+    if w[0] == "int8":  # a weight that is exactly int8 codes times scales (fastweights.head_weight)
+        _, codes, scales, bias = w
+        y = torch.ops.specview_thinmm.int8_linear(x, codes, scales)
+        return y if bias is None else y + bias
     if w[0] == "int4":
         # torch's int4 kernel, or thinmm's (`thin`: its copy of the codes) where it measured faster. Not written as
         # torch ops (unpack, scale, multiply, sum): inductor's one-row loop over 4-bit codes ran 2-4x slower than
@@ -232,7 +237,7 @@ class FastForward:
     def _gather_model(self, model) -> None:
         self.layers = [self._gather(layer) for layer in model.model.layers]
         self.final_norm = model.model.norm.weight
-        self.lm_head = linear_weight(model.lm_head, self.one_row_packed)
+        self.lm_head = head_weight(model.lm_head, self.one_row_packed)
 
     def _eager_functions(self) -> _Fns:
         return _EAGER
@@ -301,7 +306,9 @@ class FastForward:
         out = {}
         for name, group in named.items():
             w = group[1]
-            if w[0] == "int4":  # torch's int4 kernel ('int4') or thinmm's ('thin'), for every row count
+            if w[0] == "int8":  # thinmm's int8 kernel on the weight's exact codes, for every row count
+                shape, dtype, one_row, rows = list(w[1].shape), "int8", "int8", "int8"
+            elif w[0] == "int4":  # torch's int4 kernel ('int4') or thinmm's ('thin'), for every row count
                 kernel = "int4" if w[6] is None else "thin"
                 shape, dtype, one_row, rows = [w[2].shape[1], w[2].shape[0] * w[3]], "int4", kernel, kernel
             else:

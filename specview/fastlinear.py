@@ -324,6 +324,75 @@ def _probe_int4(shape: tuple[int, int], group: int, repeats: int = 5) -> dict[st
     return _best_of({f"{kernel}_{rows}": (run(kernel), x) for kernel in copies for rows, x in inputs.items()}, repeats)
 
 
+def int8_kernel(shape: tuple[int, int], one_row: bool = True) -> str:
+    """'int8' (thinmm's kernel on a weight's exact int8 codes, thinmm.int8_codes: the same product up to float
+    rounding order) or 'dense' (the float32 weight with the kernels kernel_for chooses) for a weight of this shape
+    [out, in]: int8 where the probe measures it faster here. On the bundled model's Q8_0 head at one thread on a
+    2-vCPU Xeon: 3.3 against MKL's 8.5 ms. SPECVIEW_FASTLINEAR=0 keeps the float32 weight; thin forces int8 (where
+    it builds)."""
+    mode = os.environ.get("SPECVIEW_FASTLINEAR", "auto")
+    if mode not in ("auto", "thin") or shape[1] % thinmm.INT8_BLOCK or not thinmm.int8_available():
+        return "dense"
+    if mode == "thin":
+        return "int8"
+    # both passes count (one_row only picks the float32 weight's rows kernel): the int8 codes serve one row too
+    return "int8" if beats(int8_probe_seconds(shape, one_row), "int8", "dense") else "dense"
+
+
+@functools.cache
+def int8_probe_seconds(shape: tuple[int, int], one_row: bool = True) -> dict[str, float]:
+    """_probe_int8's figures, kept in CHOICE_FILE per machine as probe_seconds' are."""
+    rows_kernel = kernel_for(torch.float32, shape, one_row)
+    key = (f"{machine.host_key()}/torch {torch.__version__}/int8/{shape[0]}x{shape[1]}/threads="
+           f"{torch.get_num_threads()}/{PASSES}/{probe_label()}/int8 {thinmm.int8_version()} against {label(rows_kernel)}"
+           "/per product")
+    names = [f"{kernel}_{rows}" for kernel in ("dense", "int8") for rows in ("one", "rows")]
+    cached = machine.read_cached(CHOICE_FILE)
+    entry = cached.get(key)
+    if isinstance(entry, dict) and all(machine.positive_number(entry.get(f"{name}_s")) for name in names):
+        return {name: entry[f"{name}_s"] for name in names}
+    seconds = _probe_int8(shape, rows_kernel)
+    cached = machine.read_cached(CHOICE_FILE)
+    cached[key] = {**{f"{name}_s": s for name, s in seconds.items()},
+                   "kernel": "int8" if beats(seconds, "int8", "dense") else "dense",
+                   "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    machine.store_cached(CHOICE_FILE, cached)
+    return seconds
+
+
+def _probe_int8(shape: tuple[int, int], rows_kernel: str, repeats: int = 5) -> dict[str, float]:
+    """Seconds a product for 1-row and PACK_ROWS-row products, streamed from memory over copies of a random weight of
+    this shape: as float32 (F.linear for one row, `rows_kernel`'s copy for the rows, as a forward runs a dense
+    weight) and as int8 codes with their scales, interleaved, the best of `repeats`. Per product: each kind
+    streams probe_bytes, which takes four times as many copies of the codes as of the floats."""
+    n, k = shape
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(-127, 128, shape, dtype=torch.int8, generator=generator)
+    scales = torch.rand(n, k // thinmm.INT8_BLOCK, generator=generator) / 256
+    count = probe_matrices(torch.float32, shape)
+    weights = [torch.rand(*shape) for _ in range(count)]
+    copies = [pack(w, rows_kernel) for w in weights] if rows_kernel != "stock" else weights
+    int8 = [(codes.clone(), scales.clone()) for _ in range(min(PROBE_MATRICES, max(2, -(-probe_bytes() // (n * k)))))]
+    del codes, scales
+
+    def dense_one(x):
+        for w in weights:
+            F.linear(x, w)
+
+    def dense_rows(x):
+        for w, copy in zip(weights, copies):
+            F.linear(x, w) if rows_kernel == "stock" else product(x, copy, None, n)
+
+    def int8_pass(x):
+        for q, d in int8:
+            thinmm.int8_linear(x, q, d)
+
+    one, rows = torch.randn(1, k), torch.randn(PACK_ROWS, k)
+    seconds = _best_of({"dense_one": (dense_one, one), "dense_rows": (dense_rows, rows),
+                        "int8_one": (int8_pass, one), "int8_rows": (int8_pass, rows)}, repeats)
+    return {name: s / (len(int8) if name.startswith("int8") else len(weights)) for name, s in seconds.items()}
+
+
 def wanted(dtype: torch.dtype, shape: tuple[int, int], one_row: bool = True) -> bool:
     return kernel_for(dtype, shape, one_row) != "stock"
 

@@ -19,6 +19,21 @@ def linear_weight(module, one_row: bool = True):
     return dense(module.weight.detach(), module.bias, one_row)
 
 
+def head_weight(module, one_row: bool = True):
+    """The head as linear()'s weight: ('int8', codes, scales, bias) where its float32 weight is exactly int8 codes
+    times a scale per 32 (thinmm.int8_codes: a GGUF's Q8_0 head, as the bundled model's tied one is) and the int8
+    kernel measures faster here (fastlinear.int8_kernel); else as linear_weight makes any linear. The same product
+    up to float rounding order either way, so the choice is automatic. Only the head is examined: the check reads
+    the whole matrix (0.1 s for a 49k x 576 head), and a model's largest matrix is where bytes saved count most."""
+    weight = getattr(module, "weight", None)
+    if type(module).__name__ == "Linear" and isinstance(weight, torch.Tensor) and weight.dtype == torch.float32:
+        shape = tuple(weight.shape)
+        codes = thinmm.int8_codes(weight) if len(shape) == 2 and shape[1] % thinmm.INT8_BLOCK == 0 else None
+        if codes is not None and fastlinear.int8_kernel(shape, one_row) == "int8":
+            return ("int8", *codes, module.bias)
+    return linear_weight(module, one_row)
+
+
 def int4_weight(module):
     """('int4', packed, scales_and_zeros, group, bias, halves, thin): torch's packed codes, and `thin` None until
     with_int4_kernel gives it thinmm's copy."""

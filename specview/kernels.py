@@ -108,16 +108,19 @@ def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
     how = _how_built(runner)
     if mode == "on":
         return ForwardChoice("compiled", f"--compile on; {how}", pieces, compile_s)
-    # A decision timed with another one-row product (older specview chose it on one matrix alone) is timed again:
-    # its figures are what --verbose and the profile show.
-    if decided and decided.get("mode") == "compiled" and decided.get("one_row") == runner.gemv:
+    # A decision timed with another one-row product (older specview chose it on one matrix alone) or another kind of
+    # head (the float32 weight before its int8 codes were read) is timed again: its figures are what --verbose and
+    # the profile show.
+    head = runner.lm_head[0]
+    if (decided and decided.get("mode") == "compiled" and decided.get("one_row") == runner.gemv
+            and decided.get("head", "dense") == head):
         return ForwardChoice("compiled", f"{decided.get('why', '')}; {how}", pieces, compile_s)
     compiled_ms, eager_ms = _probe_forward(lm, runner)
     choice = "compiled" if compiled_ms < GAIN * eager_ms else "eager"
     why = f"one-token forward {compiled_ms:.1f} ms compiled against {eager_ms:.1f} ms eager (probe)"
     cached = machine.read_cached(CHOICE_FILE)  # again: one_row_kernel stored its choice since the first read
     cached[key] = {"mode": choice, "why": why, "compiled_ms": compiled_ms, "eager_ms": eager_ms,
-                   "one_row": runner.gemv, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                   "one_row": runner.gemv, "head": head, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     machine.store_cached(CHOICE_FILE, cached)
     if choice == "eager":
         fastdecode.uninstall(model)
@@ -199,6 +202,8 @@ def one_row_kernel(model, runner, say=lambda msg: None) -> str:
     kinds = ("reduce", "mm") + (("packed",) if packed else ())
     # another set of candidates (or onnxruntime's version): measured again
     named = "+".join(kinds) + "".join(f"/{label}" for label in packed)
+    if any(w[0] == "int8" for w in runner.products()):  # a head read as int8 codes: other bytes to weigh
+        named += "/int8 head"
     cached = machine.read_cached(CHOICE_FILE)
     key = f"{_key(model, 'one_row_forward')}/{named}/{fastlinear.probe_label()}"
     if isinstance(cached.get(key), dict) and cached[key].get("kernel") in kinds:

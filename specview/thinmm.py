@@ -32,7 +32,8 @@ from specview import machine
 
 # The kernels a built graph may call (compiled forwards are keyed by them), then the library's other source: the
 # int4 layout's packer, run at a start.
-SOURCES = tuple(os.path.join(os.path.dirname(__file__), "csrc", name) for name in ("thinmm.cpp", "thinmm_int4.cpp"))
+SOURCES = tuple(os.path.join(os.path.dirname(__file__), "csrc", name)
+                for name in ("thinmm.cpp", "thinmm_int4.cpp", "thinmm_int8.cpp"))
 LIBRARY_SOURCES = (*SOURCES, os.path.join(os.path.dirname(__file__), "csrc", "thinmm_pack.cpp"))
 FLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for runs on torch's own threads only with it
 
@@ -111,6 +112,29 @@ def int4_unavailable_reason() -> str | None:
 
 def int4_available() -> bool:
     return int4_unavailable_reason() is None
+
+
+@functools.cache
+def int8_unavailable_reason() -> str | None:
+    """As unavailable_reason, for the int8 kernel: its trial product (rows past the registers' and the tile's)
+    against the float32 weight's."""
+    if not available():
+        return unavailable_reason()
+    try:
+        generator = torch.Generator().manual_seed(0)
+        codes = torch.randint(-127, 128, (9, 64), dtype=torch.int8, generator=generator)
+        scales = torch.rand(9, 2, generator=generator) / 64
+        weight = (codes.float().view(9, 2, INT8_BLOCK) * scales.unsqueeze(-1)).view(9, 64)
+        x = torch.randn(7, 64, generator=generator)
+        if not torch.allclose(int8_linear(x, codes, scales), x @ weight.T, rtol=1e-4, atol=1e-4):
+            return "its int8 product disagrees with the float32 weight's"
+    except Exception as err:  # noqa: BLE001
+        return f"it failed a trial int8 product: {type(err).__name__}: {err}"
+    return None
+
+
+def int8_available() -> bool:
+    return int8_unavailable_reason() is None
 
 
 def int4_path() -> str:
@@ -208,6 +232,32 @@ def int4_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, grou
     return torch.ops.specview_thinmm.int4_linear(x, codes, scales, group)
 
 
+INT8_BLOCK = 32  # input features per scale of int8_codes (the kernel's; a GGUF's Q8_0 block)
+INT8_MAX = 127
+
+
+def int8_codes(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A float32 weight [N, K] that is exactly d q, q int8 in -127..127 and d float32 per block of 32 input
+    features (a GGUF's Q8_0 tensor dequantized: an fp16 d times q needs 18 bits, exact in float32) -> (q int8
+    [N, K], d float32 [N, K / 32]); None for any other weight. Q8_0 sets d = amax / 127, so the block's largest
+    |w| has |q| = 127 and d = amax / 127 is recovered exactly; every block is checked bit for bit (q whole, in
+    range, d q == w), so the int8 product is the float32 one up to rounding order, or this answers None."""
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % INT8_BLOCK or weight.numel() == 0:
+        return None
+    n, k = weight.shape
+    blocks = weight.detach().reshape(n, k // INT8_BLOCK, INT8_BLOCK)
+    d = blocks.abs().amax(-1, keepdim=True) / INT8_MAX
+    q = blocks / torch.where(d > 0, d, torch.ones_like(d))  # an all-zero block: d 0, q 0
+    if not torch.equal(q, q.round()) or not torch.equal(q * d, blocks) or q.abs().max() > INT8_MAX:
+        return None
+    return q.to(torch.int8).reshape(n, k).contiguous(), d.reshape(n, k // INT8_BLOCK).contiguous()
+
+
+def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [rows, in] float32 times the weight codes * scales (int8_codes' pair), transposed: float32 throughout."""
+    return torch.ops.specview_thinmm.int8_linear(x, codes, scales)
+
+
 def int4_reference(x: torch.Tensor, codes: torch.Tensor, scales_and_zeros: torch.Tensor) -> torch.Tensor:
     """What int4_linear computes, in float64 from the codes: the trial's and the tests' answer."""
     from specview.int4 import dequantize
@@ -228,6 +278,10 @@ def _register_fake() -> None:
     def _(x, codes, scales, group):
         return x.new_empty(x.shape[0], codes.shape[0] * INT4_ROWS)
 
+    @torch.library.register_fake("specview_thinmm::int8_linear")
+    def _(x, codes, scales):
+        return x.new_empty(x.shape[0], codes.shape[0])
+
 
 def version(source: str = SOURCES[0]) -> str:
     """A kernel's source (the float32 one's by default), as cache keys name it: another source is another kernel,
@@ -238,3 +292,7 @@ def version(source: str = SOURCES[0]) -> str:
 
 def int4_version() -> str:
     return version(SOURCES[1])
+
+
+def int8_version() -> str:
+    return version(SOURCES[2])

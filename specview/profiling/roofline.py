@@ -120,14 +120,21 @@ def model_bytes(model) -> dict:
 
     Every parameter once (a tied lm_head and embedding share one tensor: counted once, as the head, which
     reads all of it); an embedding that is not the head is a lookup and reads one row per token; int4
-    layers count their packed codes, scales and zeros (buffers); a layer-skipping view holds only its kept
+    layers count their packed codes, scales and zeros (buffers); a head that specview's forward reads as its
+    int8 codes (fastweights.head_weight) counts those and their scales; a layer-skipping view holds only its kept
     layers, so only those count. A drafter without a model (n-gram) reads nothing: no call here."""
     from torch import nn
+
+    from specview import fastdecode
 
     head = model.get_output_embeddings()
     head_weight = getattr(head, "weight", None)
     seen: set[int] = set()
     total = 0
+    runner = fastdecode.runner_for(model)
+    if runner is not None and runner.lm_head[0] == "int8" and head_weight is not None:
+        seen.add(id(head_weight))
+        total += sum(t.numel() * t.element_size() for t in runner.lm_head[1:3])
 
     def add(tensor, rows: int | None = None) -> None:
         nonlocal total
