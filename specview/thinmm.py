@@ -234,6 +234,7 @@ def int4_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, grou
 
 INT8_BLOCK = 32  # input features per scale of int8_codes (the kernel's; a GGUF's Q8_0 block)
 INT8_MAX = 127
+INT8_CHECK_ROWS = 4096  # rows int8_codes checks at a time: ~40 MB of temporaries for a 576-wide head, not ~0.5 GB
 
 
 def int8_codes(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -241,16 +242,24 @@ def int8_codes(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None
     features (a GGUF's Q8_0 tensor dequantized: an fp16 d times q needs 18 bits, exact in float32) -> (q int8
     [N, K], d float32 [N, K / 32]); None for any other weight. Q8_0 sets d = amax / 127, so the block's largest
     |w| has |q| = 127 and d = amax / 127 is recovered exactly; every block is checked bit for bit (q whole, in
-    range, d q == w), so the int8 product is the float32 one up to rounding order, or this answers None."""
+    range, d q == w), so the int8 product is the float32 one up to rounding order, or this answers None. In slices
+    of INT8_CHECK_ROWS rows: a float weight is refused at its first slice, and the temporaries stay small."""
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % INT8_BLOCK or weight.numel() == 0:
         return None
     n, k = weight.shape
-    blocks = weight.detach().reshape(n, k // INT8_BLOCK, INT8_BLOCK)
-    d = blocks.abs().amax(-1, keepdim=True) / INT8_MAX
-    q = blocks / torch.where(d > 0, d, torch.ones_like(d))  # an all-zero block: d 0, q 0
-    if not torch.equal(q, q.round()) or not torch.equal(q * d, blocks) or q.abs().max() > INT8_MAX:
-        return None
-    return q.to(torch.int8).reshape(n, k).contiguous(), d.reshape(n, k // INT8_BLOCK).contiguous()
+    codes = torch.empty(n, k, dtype=torch.int8)
+    scales = torch.empty(n, k // INT8_BLOCK)
+    with torch.no_grad():
+        for first in range(0, n, INT8_CHECK_ROWS):
+            rows = weight[first: first + INT8_CHECK_ROWS].detach()
+            blocks = rows.reshape(rows.shape[0], k // INT8_BLOCK, INT8_BLOCK)
+            d = blocks.abs().amax(-1, keepdim=True) / INT8_MAX
+            q = blocks / torch.where(d > 0, d, torch.ones_like(d))  # an all-zero block: d 0, q 0
+            if not (torch.equal(q, q.round()) and torch.equal(q * d, blocks) and bool(q.abs().max() <= INT8_MAX)):
+                return None  # NaN and inf weights fail here too: NaN equals nothing, inf / inf is NaN
+            codes[first: first + rows.shape[0]] = q.reshape(rows.shape)
+            scales[first: first + rows.shape[0]] = d.reshape(rows.shape[0], -1)
+    return codes, scales
 
 
 def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
