@@ -84,9 +84,9 @@ def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
     cached = machine.read_cached(CHOICE_FILE)
     key = _key(model, "forward")
     decided = cached.get(key) if isinstance(cached.get(key), dict) else None
-    # An eager verdict stands once it was taken against the forward's chosen one-row product ("one_row": written since
-    # that choice times the whole forward; an older verdict may have lost with a slower product, and is taken again).
-    if mode == "auto" and decided and decided.get("mode") == "eager" and decided.get("one_row"):
+    # An eager verdict stands once it was taken against the forward's chosen one-row product and head ("one_row",
+    # "head": written since those choices; an older verdict may have lost with a slower forward, and is taken again).
+    if mode == "auto" and decided and decided.get("mode") == "eager" and decided.get("one_row") and "head" in decided:
         return ForwardChoice("eager", decided.get("why", "a probe found it no faster compiled"))
     if compiler.aot_enabled():
         say(f"loading {lm.spec}'s one-row forward (the first time on a machine, it is built: about 10 s a function)")
@@ -251,7 +251,7 @@ def products_ms(model, rows: tuple[int, ...]) -> dict[str, float] | None:
     if runner is None:
         return None
     pieces = json.dumps([runner.compiled, runner.gemv, runner.pieces(), len(runner.products()), mlas.version(),
-                         thinmm.version(), thinmm.int4_version()], sort_keys=True)
+                         thinmm.version(), thinmm.int4_version(), thinmm.int8_version()], sort_keys=True)
     key = f"{_key(model, 'products')}/{hashlib.sha256(pieces.encode()).hexdigest()[:16]}"
     cached = machine.read_cached(CHOICE_FILE)
     entry = cached.get(key) if isinstance(cached.get(key), dict) else {}

@@ -374,14 +374,16 @@ def test_auto_decides_once_per_machine_and_keeps_the_choice(small_llama_pair, mo
     assert kernels.prepare(target, "auto").mode == "compiled" and len(probed) == 1
     assert machine.read_cached(kernels.CHOICE_FILE)[key]["one_row"] == probed[0]
     assert kernels.prepare(target, "auto").mode == "compiled" and len(probed) == 1
-    # An eager verdict without that record (an older specview's) is taken again too; with it, it stands.
-    entries = machine.read_cached(kernels.CHOICE_FILE)
-    entries[key] = {"mode": "eager", "why": "old"}
+    # An eager verdict without those records (an older specview's: no one-row product, or no head kind) is taken
+    # again too; with them, it stands.
+    for timed, old in enumerate(({"mode": "eager", "why": "old"}, {"mode": "eager", "why": "old", "one_row": "mm"}), 2):
+        entries = machine.read_cached(kernels.CHOICE_FILE)
+        entries[key] = old
+        machine.store_cached(kernels.CHOICE_FILE, entries)
+        assert kernels.prepare(target, "auto").mode == "compiled" and len(probed) == timed
+    entries[key] = {"mode": "eager", "why": "kept", "one_row": "mm", "head": "dense"}
     machine.store_cached(kernels.CHOICE_FILE, entries)
-    assert kernels.prepare(target, "auto").mode == "compiled" and len(probed) == 2
-    entries[key] = {"mode": "eager", "why": "kept", "one_row": "mm"}
-    machine.store_cached(kernels.CHOICE_FILE, entries)
-    assert kernels.prepare(target, "auto").why == "kept" and len(probed) == 2
+    assert kernels.prepare(target, "auto").why == "kept" and len(probed) == 3
     fastdecode.uninstall(target.model)
 
 
@@ -412,6 +414,7 @@ def test_the_products_of_a_forward_are_timed_alone_once_per_machine(small_llama_
     forward uses, on the model's own weights; kept per machine, so the next process measures nothing."""
     monkeypatch.setenv("SPECVIEW_CACHE_DIR", str(tmp_path))
     target, _ = small_llama_pair
+    fastdecode.uninstall(target.model)  # a session's model: another test may have left its fast forward on it
     assert kernels.products_ms(target.model, (1, 3)) is None  # transformers' forward: nothing of ours to time
     runner = fastdecode.install(target.model, compiled=False)
     try:

@@ -40,6 +40,25 @@ def test_codes_are_recovered_bit_for_bit_from_a_q8_0_weight_and_from_nothing_els
     assert thinmm.int8_codes(nudged) is None
     assert thinmm.int8_codes(weight[:, :80]) is None  # in features not a multiple of 32
     assert thinmm.int8_codes(weight.to(torch.bfloat16)) is None
+    for bad in (float("nan"), float("inf")):
+        broken = weight.clone()
+        broken[39, 95] = bad
+        assert thinmm.int8_codes(broken) is None
+
+
+def test_codes_are_given_only_where_d_q_is_the_weight_exactly():
+    """Scales of 24 significant bits (not a GGUF's fp16): the float32 weight is d q rounded, and a check made in
+    float32 would take some of them; the codes given must multiply back to the weight exactly, in float64."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(-127, 128, (2000, 32), dtype=torch.int8, generator=g)
+    q[:, 0] = 127
+    d = 0.5 + torch.rand(2000, 1, generator=g)  # float32, full mantissa
+    for row in range(2000):
+        weight = (q[row: row + 1].float() * d[row])  # rounded to float32
+        found = thinmm.int8_codes(weight)
+        if found is not None:
+            codes, scales = found
+            assert torch.equal(codes.double() * scales.double(), weight.double()), row
 
 
 @needs_int8

@@ -237,6 +237,10 @@ for rows in (1, 2, 5, 9):
     x = x.contiguous()
     w = torch.randn(37, 96, generator=g)
     torch.testing.assert_close(thinmm.linear(x, w), (x.double() @ w.double().T).float(), rtol=1e-5, atol=1e-4)
+    codes = torch.randint(-127, 128, (37, 96), dtype=torch.int8, generator=g)  # an odd N: the tile's tail
+    scales = torch.rand(37, 3, generator=g) / 64
+    w = (codes.double().reshape(37, 3, 32) * scales.double().unsqueeze(-1)).reshape(37, 96)
+    torch.testing.assert_close(thinmm.int8_linear(x, codes, scales), (x.double() @ w.T).float(), rtol=1e-5, atol=1e-5)
 print("ok")
 """
     done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=300)
