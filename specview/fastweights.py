@@ -26,7 +26,8 @@ def head_weight(module, one_row: bool = True):
     up to float rounding order either way, so the choice is automatic. Only the head is examined: the check reads
     the whole matrix (0.1 s for a 49k x 576 head), and a model's largest matrix is where bytes saved count most."""
     weight = getattr(module, "weight", None)
-    if type(module).__name__ == "Linear" and isinstance(weight, torch.Tensor) and weight.dtype == torch.float32:
+    if (type(module).__name__ == "Linear" and isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
+            and weight.device.type == "cpu"):  # the kernel is a CPU one (a head offloaded by a device map: as it is)
         shape = tuple(weight.shape)
         codes = thinmm.int8_codes(weight) if len(shape) == 2 and shape[1] % thinmm.INT8_BLOCK == 0 else None
         if codes is not None and fastlinear.int8_kernel(shape, one_row) == "int8":
