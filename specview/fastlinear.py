@@ -135,14 +135,22 @@ def probe_seconds(dtype: torch.dtype, shape: tuple[int, int]) -> dict[str, float
     kernels = candidates(dtype)
     key = (f"{machine.host_key()}/torch {torch.__version__}/{dtype}/{shape[0]}x{shape[1]}/threads={torch.get_num_threads()}"
            f"/{PASSES}/{probe_label()}/{'+'.join(sorted(map(label, kernels)))}")  # sorted: not KERNELS' order
+    return kept_probe(key, kernels, lambda: _probe(dtype, shape, kernels),
+                      lambda seconds: {"kernel": choose(seconds), "kernel_for_rows": choose(seconds, one_row=False)})
+
+
+def kept_probe(key: str, kernels, measure, verdict) -> dict[str, float]:
+    """A probe's figures ({kernel_one, kernel_rows: seconds} for each of `kernels`) kept in CHOICE_FILE under `key`:
+    read back where every figure is there, else `measure()`d and stored with what `verdict(seconds)` says (the
+    kernel chosen: for whoever reads the file) and when."""
     names = [f"{kernel}_{rows}" for kernel in kernels for rows in ("one", "rows")]
-    cached = machine.read_cached(CHOICE_FILE)
-    entry = cached.get(key)
+    entry = machine.read_cached(CHOICE_FILE).get(key)
     if isinstance(entry, dict) and all(machine.positive_number(entry.get(f"{name}_s")) for name in names):
         return {name: entry[f"{name}_s"] for name in names}
-    seconds = _probe(dtype, shape, kernels)
-    cached[key] = {**{f"{name}_s": s for name, s in seconds.items()}, "kernel": choose(seconds),
-                   "kernel_for_rows": choose(seconds, one_row=False), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    seconds = measure()
+    cached = machine.read_cached(CHOICE_FILE)  # again: another probe may have stored its figures meanwhile
+    cached[key] = {**{f"{name}_s": s for name, s in seconds.items()}, **verdict(seconds),
+                   "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     machine.store_cached(CHOICE_FILE, cached)
     return seconds
 
@@ -281,18 +289,8 @@ def int4_probe_seconds(shape: tuple[int, int], group: int) -> dict[str, float]:
     """_probe_int4's figures, kept in CHOICE_FILE per machine as probe_seconds' are."""
     key = (f"{machine.host_key()}/torch {torch.__version__}/int4 group {group}/{shape[0]}x{shape[1]}"
            f"/threads={torch.get_num_threads()}/{PASSES}/{probe_label()}/int4+{int4_label()}")
-    names = [f"{kernel}_{rows}" for kernel in ("int4", "thin") for rows in ("one", "rows")]
-    cached = machine.read_cached(CHOICE_FILE)
-    entry = cached.get(key)
-    if isinstance(entry, dict) and all(machine.positive_number(entry.get(f"{name}_s")) for name in names):
-        return {name: entry[f"{name}_s"] for name in names}
-    seconds = _probe_int4(shape, group)
-    cached = machine.read_cached(CHOICE_FILE)
-    cached[key] = {**{f"{name}_s": s for name, s in seconds.items()},
-                   "kernel": "thin" if beats(seconds, "thin", "int4") else "int4",
-                   "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    machine.store_cached(CHOICE_FILE, cached)
-    return seconds
+    return kept_probe(key, ("int4", "thin"), lambda: _probe_int4(shape, group),
+                      lambda seconds: {"kernel": "thin" if beats(seconds, "thin", "int4") else "int4"})
 
 
 def _probe_int4(shape: tuple[int, int], group: int, repeats: int = 5) -> dict[str, float]:
@@ -346,18 +344,8 @@ def int8_probe_seconds(shape: tuple[int, int], one_row: bool = True) -> dict[str
     key = (f"{machine.host_key()}/torch {torch.__version__}/int8/{shape[0]}x{shape[1]}/threads="
            f"{torch.get_num_threads()}/{PASSES}/{probe_label()}/int8 {thinmm.int8_version()} against {label(rows_kernel)}"
            "/per product")
-    names = [f"{kernel}_{rows}" for kernel in ("dense", "int8") for rows in ("one", "rows")]
-    cached = machine.read_cached(CHOICE_FILE)
-    entry = cached.get(key)
-    if isinstance(entry, dict) and all(machine.positive_number(entry.get(f"{name}_s")) for name in names):
-        return {name: entry[f"{name}_s"] for name in names}
-    seconds = _probe_int8(shape, rows_kernel)
-    cached = machine.read_cached(CHOICE_FILE)
-    cached[key] = {**{f"{name}_s": s for name, s in seconds.items()},
-                   "kernel": "int8" if beats(seconds, "int8", "dense") else "dense",
-                   "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    machine.store_cached(CHOICE_FILE, cached)
-    return seconds
+    return kept_probe(key, ("dense", "int8"), lambda: _probe_int8(shape, rows_kernel),
+                      lambda seconds: {"kernel": "int8" if beats(seconds, "int8", "dense") else "dense"})
 
 
 def _probe_int8(shape: tuple[int, int], rows_kernel: str, repeats: int = 5) -> dict[str, float]:
