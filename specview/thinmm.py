@@ -255,10 +255,12 @@ def int8_codes(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None
             blocks = rows.reshape(rows.shape[0], k // INT8_BLOCK, INT8_BLOCK)
             d = blocks.abs().amax(-1, keepdim=True) / INT8_MAX
             q = blocks / torch.where(d > 0, d, torch.ones_like(d))  # an all-zero block: d 0, q 0
-            # d q compared in float64, where it is exact (7 bits of q, 24 of d): a float32 product rounds, and a d
-            # of more than 17 significant bits could pass rounded yet not be w
-            exact = torch.equal(q.double() * d.double(), blocks.double())
-            if not (torch.equal(q, q.round()) and exact and bool(q.abs().max() <= INT8_MAX)):
+            # d q is exact in float32 where d has at most 17 significant bits (q has 7): its 7 lowest mantissa bits
+            # zero, as an fp16 d's are. Then d q == w in float32 is d q == w exactly; a wider d is refused (a check
+            # of the rounded product would take some weights that are d q rounded, not d q)
+            narrow = bool(((d.view(torch.int32) & 0x7F) == 0).all())
+            if not (narrow and torch.equal(q, q.round()) and torch.equal(q * d, blocks)
+                    and bool(q.abs().max() <= INT8_MAX)):
                 return None  # NaN and inf weights fail here too: NaN equals nothing, inf / inf is NaN
             codes[first: first + rows.shape[0]] = q.reshape(rows.shape)
             scales[first: first + rows.shape[0]] = d.reshape(rows.shape[0], -1)
