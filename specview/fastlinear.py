@@ -190,7 +190,7 @@ def probe_matrices(dtype: torch.dtype | None, shape: tuple[int, int]) -> int:
     as a target's forward streams its weights (machine.past_caches), but at most PROBE_MATRICES (a small model's
     weights all fit in cache, and so do the probe's, as in its forward). Which kernel wins depends on it: on a
     Xeon with a 300 MiB L3 a compiled multiply-and-sum beat F.linear from cache and lost by 1.7x from memory."""
-    size = shape[0] * shape[1] * (4 if dtype is None else torch.finfo(dtype).bits) // 8  # None: 4-bit codes
+    size = shape[0] * shape[1] * (4 if dtype is None else dtype.itemsize * 8) // 8  # None: 4-bit codes
     return min(PROBE_MATRICES, max(2, -(-probe_bytes() // size)))
 
 
@@ -360,7 +360,7 @@ def _probe_int8(shape: tuple[int, int], rows_kernel: str, repeats: int = 5) -> d
     count = probe_matrices(torch.float32, shape)
     weights = [torch.rand(*shape) for _ in range(count)]
     copies = [pack(w, rows_kernel) for w in weights] if rows_kernel != "stock" else weights
-    int8 = [(codes.clone(), scales.clone()) for _ in range(min(PROBE_MATRICES, max(2, -(-probe_bytes() // (n * k)))))]
+    int8 = [(codes.clone(), scales.clone()) for _ in range(probe_matrices(torch.int8, shape))]
     del codes, scales
 
     def dense_one(x):

@@ -28,9 +28,8 @@ def head_weight(module, one_row: bool = True):
     weight = getattr(module, "weight", None)
     if (type(module).__name__ == "Linear" and isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
             and weight.device.type == "cpu"):  # the kernel is a CPU one (a head offloaded by a device map: as it is)
-        shape = tuple(weight.shape)
-        codes = thinmm.int8_codes(weight) if len(shape) == 2 and shape[1] % thinmm.INT8_BLOCK == 0 else None
-        if codes is not None and fastlinear.int8_kernel(shape, one_row) == "int8":
+        codes = thinmm.int8_codes(weight)  # None for any weight that is not exactly int8 codes times scales
+        if codes is not None and fastlinear.int8_kernel(tuple(weight.shape), one_row) == "int8":
             return ("int8", *codes, module.bias)
     return linear_weight(module, one_row)
 

@@ -195,14 +195,15 @@ def one_row_kernel(model, runner, say=lambda msg: None) -> str:
     1.26x faster at one thread on MKL (which wins on the fused gate/up and the head, 86% of its bytes); on an
     AVX2 EPYC MLAS read a one-row product's weights at about 21 GB/s against the compiled reduce's 17. A probe
     leaves `runner` on the last kind it timed: the caller sets the choice (runner.set_one_row)."""
-    dense = [w for w in runner.products() if w[0] == "dense"]
+    products = runner.products()
+    dense = [w for w in products if w[0] == "dense"]
     if not dense:  # every product runs an int4 kernel (fastlinear.int4_kernel): nothing to choose
         return "mm"
     packed = sorted({fastlinear.label(fastlinear.kernel_of(w[2])) for w in dense if w[2] is not None and w[4]})
     kinds = ("reduce", "mm") + (("packed",) if packed else ())
     # another set of candidates (or onnxruntime's version): measured again
     named = "+".join(kinds) + "".join(f"/{label}" for label in packed)
-    if any(w[0] == "int8" for w in runner.products()):  # a head read as int8 codes: other bytes to weigh
+    if any(w[0] == "int8" for w in products):  # a head read as int8 codes: other bytes to weigh
         named += "/int8 head"
     cached = machine.read_cached(CHOICE_FILE)
     key = f"{_key(model, 'one_row_forward')}/{named}/{fastlinear.probe_label()}"

@@ -242,7 +242,8 @@ def int8_codes(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None
     features (a GGUF's Q8_0 tensor dequantized: an fp16 d times q needs 18 bits, exact in float32) -> (q int8
     [N, K], d float32 [N, K / 32]); None for any other weight. Q8_0 sets d = amax / 127, so the block's largest
     |w| has |q| = 127 and d = amax / 127 is recovered exactly; every block is checked bit for bit (q whole, in
-    range, d q == w), so the int8 product is the float32 one up to rounding order, or this answers None. In slices
+    range, d narrow enough for d q to be exact in float32, d q == w), so the int8 product is the float32 one up to
+    rounding order, or this answers None. In slices
     of INT8_CHECK_ROWS rows: a float weight is refused at its first slice, and the temporaries stay small."""
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % INT8_BLOCK or weight.numel() == 0:
         return None
