@@ -17,12 +17,12 @@ On a CPU without AVX-512 oneDNN's packed product is far from that: on an AVX2 EP
 17-24 GFLOP/s. There MLAS, onnxruntime's kernel library (mlas.py), runs them at 50-70 on a copy it packs
 itself: 5 rows through all 210 matrices and the head in 28-30 ms against 52 for oneDNN, one thread. Which
 of F.linear ('stock'), oneDNN ('packed'), MLAS ('mlas') and specview's own thin-product kernel ('thin', thinmm.py:
-on a Xeon the one that read a 5-row product's weights near the memory's pace) runs each weight shape is measured
-per machine (`chosen`).
+on a Xeon the one that reads 9 rows' weights at 1.15x one row's time) runs each weight shape is measured per
+machine (`chosen`).
 
 The result is the same product up to float summation order (~1e-6 relative in float32), as with
 any change of kernel. The packed copy costs memory: one more copy of each model's linear weights (two with
-MLAS, mlas.py).
+MLAS, mlas.py; thin's panels one).
 
 Only the engine's forwards use it: `install(model)` gives each nn.Linear a forward that takes the
 packed path inside `active()` and is plain `F.linear` everywhere else, so transformers' own
@@ -95,10 +95,10 @@ def _trial(dtype: torch.dtype) -> bool:
 CHOICE_FILE = "fastlinear.json"
 PROBE_BYTES = 64 * 2**20  # weights cycled through per probe pass, at least; past the CPU's caches (machine.past_caches)
 PROBE_MATRICES = 512  # ...but no more matrices than this (a tiny model's shape would need thousands)
-# The kernels a product can run: F.linear, specview's own thin-product kernel on the weight as it is (thinmm.py),
+# The kernels a product can run: F.linear, specview's own thin-product kernel on a copy in panels (thinmm.py),
 # oneDNN on a packed copy, MLAS (onnxruntime) on its own packed copy. In the order of what they cost to hold, which
-# choose() prefers on a tie: nothing; nothing (a library built once per machine); a copy of the weights; two copies
-# and an onnxruntime session a matrix (32 sessions took 0.45 s of every warm start of the bundled pair).
+# choose() prefers on a tie: nothing; a copy of the weights (and a library built once per machine); a copy; two
+# copies and an onnxruntime session a matrix (32 sessions took 0.45 s of every warm start of the bundled pair).
 KERNELS = ("stock", "thin", "packed", "mlas")
 
 
@@ -419,9 +419,9 @@ def pack(weight: torch.Tensor, kernel: str = "packed") -> torch.Tensor:
     the handle of MLAS's session, which packs it in its own ("mlas", mlas.py)."""
     if kernel == "mlas":
         return mlas.pack(weight.detach())
-    if kernel == "thin":  # the weight as it is, no copy, seen as [1, out, in]: what tells product() it is thin's
+    if kernel == "thin":  # panels [ceil(out / rows), in, rows]: three dimensions tell product() it is thin's
         thinmm.require()
-        return weight.detach().contiguous().unsqueeze(0)
+        return thinmm.pack_panels(weight.detach())
     with torch.no_grad():
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
 
@@ -430,10 +430,10 @@ def product(x: torch.Tensor, packed: torch.Tensor, bias, out_features: int) -> t
     """x [rows, in] times a weight's `pack`ed copy, with the kernel that packed it (in a compiled graph too)."""
     if mlas.is_handle(packed):
         return mlas.mlas_linear(x, packed, bias, out_features)
-    # thin's: the weight itself, with a leading 1. Not told apart by layout: a graph being traced sees oneDNN's
-    # copies as strided tensors too, and the number of dimensions is what it keeps
+    # thin's: its panels. Not told apart by layout: a graph being traced sees oneDNN's copies as strided tensors
+    # too, and the number of dimensions is what it keeps
     if packed.dim() == 3:
-        y = thinmm.linear(x, packed.squeeze(0))
+        y = thinmm.panel_linear(x, packed, out_features)
         return y if bias is None else y + bias
     return packed_linear(x, packed, bias, out_features)
 

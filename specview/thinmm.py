@@ -1,14 +1,15 @@
-"""specview's own kernels for thin products: a verify's K+1 rows by a float32 weight, read once (csrc/thinmm.cpp),
+"""specview's own kernels for thin products: a verify's K+1 rows by a float32 weight in panels, read once (csrc/thinmm.cpp),
 and a few rows by a weight of 4-bit codes, an `@int4` draft's every product (csrc/thinmm_int4.cpp).
 
 Built at first use with torch's C++ extension tooling (ninja and the C++ compiler torch's inductor already
 needs; ~11 s), for the CPU in hand (-march=native; AVX2 and FMA at least), into `<cache dir>/thinmm` under a
 name that holds the source's hash and the CPU's flags: another CPU or another source is built again, and a later
-start only loads the library (~0.1 s). The float32 kernel reads the weight in its own layout, so it costs no copy
-of the weights, unlike oneDNN's packed copy and MLAS's two; the int4 kernel reads the codes in a layout of its own
-(`pack_int4`), a second copy beside the one torch's int4 kernel reads (transformers' own forward of the same module).
+start only loads the library (~0.1 s). The float32 kernel reads a copy of the weight in panels of output rows
+(`pack_panels`), as oneDNN reads its packed copy and MLAS its two; the int4 kernel reads the codes in a layout of
+its own (`pack_int4`), a second copy beside the one torch's int4 kernel reads (transformers' own forward of the same
+module).
 
-To a compiled graph a product is `torch.ops.specview_thinmm.linear(x, w)` (or `int4_linear`), an operator of C++ (no Python hop
+To a compiled graph a product is `torch.ops.specview_thinmm.linear(x, panels, out)` (or `int4_linear`), an operator of C++ (no Python hop
 a call) that AOTInductor's graphs call by name: the library is loaded before any graph that uses it.
 
 fastlinear's probe decides per machine, dtype and shape whether this runs a forward's products: nothing here runs
@@ -203,9 +204,26 @@ def _build(folder: str, library: str) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 weight [out, in] -> the float32 kernel's layout: panels of panel_rows() output rows, feature-major,
+    [ceil(out / rows), in, rows], rows past `out` zero (a copy: the kernel reads one contiguous stream a panel)."""
+    return torch.ops.specview_thinmm.pack_panels(weight.detach())
+
+
+def panel_rows() -> int:
+    """Output rows per panel: two vectors of this build (32 with AVX-512, 16 with AVX2)."""
+    return torch.ops.specview_thinmm.panel_rows()
+
+
+def panel_linear(x: torch.Tensor, panels: torch.Tensor, out_features: int) -> torch.Tensor:
+    """x [rows, in] times the weight pack_panels laid out, transposed, float32 (the caller adds a bias)."""
+    return torch.ops.specview_thinmm.linear(x, panels, out_features)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [rows, in] times weight [out, in] transposed, float32 (the caller adds a bias)."""
-    return torch.ops.specview_thinmm.linear(x, weight)
+    """x [rows, in] times weight [out, in] transposed, packing the panels first (a trial's, a test's: a forward
+    packs once, fastlinear.pack)."""
+    return panel_linear(x, pack_panels(weight), weight.shape[0])
 
 
 INT4_ROWS = 16  # output rows per block of pack_int4's layout (the kernel's)
@@ -286,8 +304,8 @@ def int4_reference(x: torch.Tensor, codes: torch.Tensor, scales_and_zeros: torch
 def _register_fake() -> None:
     """The outputs' shapes for graphs being traced (once, after the library defined the operators)."""
     @torch.library.register_fake("specview_thinmm::linear")
-    def _(x, w):
-        return x.new_empty(x.shape[0], w.shape[0])
+    def _(x, panels, out_features):
+        return x.new_empty(x.shape[0], out_features)
 
     @torch.library.register_fake("specview_thinmm::int4_linear")
     def _(x, codes, scales, group):

@@ -1,6 +1,6 @@
 """specview's thin-product kernels (csrc/thinmm.cpp, csrc/thinmm_int4.cpp): the same product as F.linear (as the
 dequantized weight, int4) for every row count and odd sizes (tails of features and of output rows), eager and inside
-compiled forwards, the same greedy tokens, no copy of a float32 weight, the paths of narrower CPUs, and built
+compiled forwards, the same greedy tokens, a row's result independent of the rows beside it, the paths of narrower CPUs, and built
 wherever a C++ compiler and AVX2 are there."""
 
 import os
@@ -36,7 +36,7 @@ def test_it_is_built_wherever_it_can_be():
 
 
 @needs_thin
-@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 6, 9, 11, 17])  # past 5: in groups of 5 (and a group of 1)
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 6, 9, 11, 13, 17, 25])  # past 6 (AVX2) or 12 (AVX-512): in groups
 @pytest.mark.parametrize("shape", [(1, 1), (4, 16), (5, 17), (37, 53), (67, 576), (13, 1536)])
 def test_its_product_is_f_linear_up_to_summation_order(rows, shape):
     torch.manual_seed(rows)
@@ -53,20 +53,40 @@ def test_inputs_that_are_not_contiguous_are_multiplied_as_they_read():
 
 
 @needs_thin
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+    """Each output is summed over the features in one order whatever the row count, so a verify's row is the
+    one-row step's bit for bit: greedy speculative output cannot part from greedy autoregressive output here."""
+    torch.manual_seed(0)
+    weight, x = torch.randn(100, 576), torch.randn(25, 576)
+    panels = thinmm.pack_panels(weight)
+    together = thinmm.panel_linear(x, panels, 100)
+    for rows in (slice(0, 1), slice(3, 4), slice(0, 5), slice(7, 20), slice(24, 25)):
+        assert torch.equal(thinmm.panel_linear(x[rows], panels, 100), together[rows])
+
+
+@needs_thin
 def test_wrong_inputs_are_refused_with_a_message():
-    with pytest.raises(RuntimeError, match="float32 only"):
+    with pytest.raises(RuntimeError, match="a float32 weight"):
         thinmm.linear(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16))
-    with pytest.raises(RuntimeError, match=r"x \[rows, in\]"):
+    panels = thinmm.pack_panels(torch.randn(4, 8))
+    with pytest.raises(RuntimeError, match="float32 only"):
+        thinmm.panel_linear(torch.randn(2, 8, dtype=torch.bfloat16), panels, 4)
+    with pytest.raises(RuntimeError, match=r"x \[rows, in\] and panels"):
         thinmm.linear(torch.randn(2, 8), torch.randn(4, 9))
+    with pytest.raises(RuntimeError, match=r"x \[rows, in\] and panels"):
+        thinmm.panel_linear(torch.randn(2, 8), panels, 40)  # panels of another out width
 
 
 @needs_thin
 @pytest.mark.parametrize("bias", [True, False])
-def test_fastlinear_runs_it_on_the_weight_itself(bias):
+def test_fastlinear_runs_it_on_its_panels(bias):
     torch.manual_seed(0)
     weight, b, x = torch.randn(40, 24), torch.randn(40) if bias else None, torch.randn(5, 24)
     packed = fastlinear.pack(weight, "thin")
-    assert packed.data_ptr() == weight.data_ptr() and fastlinear.kernel_of(packed) == "thin"  # no copy
+    rows = thinmm.panel_rows()
+    assert packed.shape == (-(-40 // rows), 24, rows) and fastlinear.kernel_of(packed) == "thin"
+    assert torch.equal(packed.transpose(1, 2).reshape(-1, 24)[:40], weight)  # output rows side by side...
+    assert not packed.transpose(1, 2).reshape(-1, 24)[40:].any()  # ...and zero rows past the last
     assert fastlinear.kernel_of(fastlinear.pack(weight, "packed")) == "packed"
     torch.testing.assert_close(fastlinear.product(x, packed, b, 40), F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
     assert "thin" in fastlinear.candidates(torch.float32) and "thin" not in fastlinear.candidates(torch.bfloat16)

@@ -1,142 +1,139 @@
-// Thin float32 products y = x W^T for a few rows x [M, K] (a verify's K+1, a tree's nodes) by a weight W [N, K]
-// in its own row-major layout: no packed copy. Built at first use by thinmm.py for the CPU in hand
-// (-march=native), and run only where fastlinear's probe measures it faster than F.linear, oneDNN and MLAS.
+// Thin float32 products y = x W^T for a few rows x [M, K] (a verify's K+1, a tree's nodes, one decoding row) by a
+// weight W [N, K] laid out in panels: P output rows at a time, feature-major, [ceil(N / P), K, P] (pack_panels,
+// zero rows past N). Built at first use by thinmm.py for the CPU in hand (-march=native), and run only where
+// fastlinear's probe measures it faster than F.linear, oneDNN and MLAS.
 //
-// Why it exists: a verify reads every weight once, like a one-token step, so its products should cost about
-// what one row costs. On a 2-vCPU Xeon (Emerald Rapids) oneDNN's packed product, MKL's sgemm and MLAS all read
-// the weights at 15-19 GB/s for 5 rows, where MKL's one-row sgemv reads them at 31 (the memory's pace).
+// Why it exists: a verify reads every weight once, like a one-token step, so its products should cost about what
+// one row costs. On a 2-vCPU Xeon (Sapphire Rapids class, AMX) MKL's sgemm read the weights of a SmolLM2's layers
+// at 12 GB/s for 5 rows and oneDNN's packed product no faster, where one row reads them at ~21. The first
+// version of this kernel read W in its own row-major layout and summed each output across a vector at the end:
+// those horizontal sums (shuffles, on the port the multiply-adds need) held it to ~55% of the multiply-add peak,
+// and 9 rows took 1.4x the time of one (28.7 against 20.7 ms for the layers).
 //
-// How: each thread takes blocks of B output rows; for each 16 (AVX-512) or 8 (AVX2) input features it loads B
-// weight vectors and M <= 5 input vectors and keeps B x M accumulators in registers (20 of 32 for 4 x 5), so every
-// weight is read once and multiplied into all M rows. A block first prefetches the weights PREFETCH bytes ahead:
-// the hardware prefetcher alone left the 5-row product at 18 GB/s there, with it 23-26.
+// How: a vector lane per output row. For each input feature k the panel holds the P rows' weights side by side
+// (two vectors), each input row's x[m, k] is broadcast, and 2 x M accumulators take the products: every weight
+// is read once, from one contiguous stream per panel, and multiplied into all M rows; nothing is summed across
+// lanes. Each output is summed in the order k = 0, 1, .. whatever M is, so a row's result does not depend on
+// the rows beside it (a verify's row equals the one-row step's, bit for bit). The same layers: 9 rows in 20.7
+// ms, one in 17.8 (MKL's one-row sgemv 19.7).
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <immintrin.h>
 
-namespace {
+#include <algorithm>
+#include <array>
+#include <utility>
 
-constexpr int64_t PREFETCH = 8192;  // bytes ahead; 2-16 KiB measured, 8 KiB best
-constexpr int MAX_M = 5;            // rows in registers at once; more rows go through in groups (grouped)
+namespace {
 
 #if defined(__AVX512F__)
 using vec = __m512;
 constexpr int L = 16;
+constexpr int MAX_M = 12;  // 2 x 12 accumulators + 2 weight vectors + a broadcast: 27 of 32 registers
 inline vec vzero() { return _mm512_setzero_ps(); }
 inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vec vset1(float v) { return _mm512_set1_ps(v); }
 inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
-constexpr int blocks_for(int) { return 4; }  // B x M + B + 1 registers of 32 for M <= 5
+inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
 #elif defined(__AVX2__) && defined(__FMA__)
 using vec = __m256;
 constexpr int L = 8;
+constexpr int MAX_M = 6;  // 2 x 6 + 2 + 1 = 15 of 16 registers
 inline vec vzero() { return _mm256_setzero_ps(); }
 inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vec vset1(float v) { return _mm256_set1_ps(v); }
 inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline float vsum(vec a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_hadd_ps(s, s);
-  s = _mm_hadd_ps(s, s);
-  return _mm_cvtss_f32(s);
-}
-constexpr int blocks_for(int m) { return m <= 2 ? 4 : 2; }  // of 16 registers, M <= 5
+inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
 #else
 #error "thinmm needs AVX2 and FMA (thinmm.py does not build it elsewhere)"
 #endif
 
-// Output rows n .. n + B - 1 for all M input rows. Features past the last full vector: scalar.
-template <int M, int B>
-inline void block(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t n) {
-  vec acc[B][M];
-  for (int j = 0; j < B; ++j)
-    for (int m = 0; m < M; ++m) acc[j][m] = vzero();
-  int64_t k = 0;
-  for (; k + L <= K; k += L) {
-    vec wv[B];
-    for (int j = 0; j < B; ++j) wv[j] = vload(w + (n + j) * K + k);
+constexpr int P = 2 * L;  // output rows per panel: two vectors
+// Bytes prefetched ahead of the multiply-adds. The hardware prefetcher alone left 9 rows at 13 GB/s on the Xeon,
+// with this 17 (one row: 21 -> 24).
+constexpr int64_t AHEAD = 8192;
+
+// Rows m0 .. m0 + M - 1 of x times one panel -> y's columns n0 .. n0 + P - 1 (fewer at the last panel: `width`).
+template <int M>
+void panel(const float* __restrict x, const float* __restrict w, float* __restrict y, int64_t K, int64_t N, int64_t n0, int64_t width) {
+  vec lo[M], hi[M];
+  for (int m = 0; m < M; ++m) lo[m] = hi[m] = vzero();
+  const char* ahead = reinterpret_cast<const char*>(w) + AHEAD;  // past the panel's end: the thread's next panel
+  for (int64_t k = 0; k < K; ++k) {
+    if ((k & 1) == 0)  // two features' weights a time
+      for (int c = 0; c < 2 * P * 4; c += 64) _mm_prefetch(ahead + k * P * 4 + c, _MM_HINT_T0);  // never faults
+    const vec a = vload(w + k * P), b = vload(w + k * P + L);
     for (int m = 0; m < M; ++m) {
-      vec xv = vload(x + m * K + k);
-      for (int j = 0; j < B; ++j) acc[j][m] = vfma(wv[j], xv, acc[j][m]);
+      const vec xv = vset1(x[m * K + k]);
+      lo[m] = vfma(a, xv, lo[m]);
+      hi[m] = vfma(b, xv, hi[m]);
     }
   }
-  for (int j = 0; j < B; ++j)
-    for (int m = 0; m < M; ++m) {
-      float s = vsum(acc[j][m]);
-      for (int64_t t = k; t < K; ++t) s += w[(n + j) * K + t] * x[m * K + t];
-      y[m * N + n + j] = s;
+  for (int m = 0; m < M; ++m) {
+    if (width == P) {
+      vstore(y + m * N + n0, lo[m]);
+      vstore(y + m * N + n0 + L, hi[m]);
+    } else {  // the last panel of an N that is not a multiple of P: its zero rows are not written
+      alignas(64) float out[P];
+      vstore(out, lo[m]);
+      vstore(out + L, hi[m]);
+      std::copy(out, out + width, y + m * N + n0);
     }
+  }
 }
 
-template <int M>
-void pass(const float* x, const float* w, float* y, int64_t K, int64_t N) {
-  constexpr int B = blocks_for(M);
-  const int64_t blocks = N / B;
-  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const char* ahead = reinterpret_cast<const char*>(w + b * B * K) + PREFETCH;
-      for (int64_t o = 0; o < B * K * 4; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);  // never faults
-      block<M, B>(x, w, y, K, N, b * B);
-    }
-  });
-  for (int64_t n = blocks * B; n < N; ++n) block<M, 1>(x, w, y, K, N, n);
+using Panel = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+template <int... Ms>
+constexpr auto table(std::integer_sequence<int, Ms...>) {
+  return std::array<Panel, sizeof...(Ms)>{panel<Ms + 1>...};
 }
+constexpr auto PANELS = table(std::make_integer_sequence<int, MAX_M>{});
 
-// More rows than MAX_M (a 9-row verify at K=8, a tree, a prefill): groups of at most MAX_M rows meet each block of
-// weight rows while it is in L1, so the weights still come from memory once. Measured on the Xeon, all of a
-// SmolLM2's matrices: one pass of 8 rows in registers took 37 ms, 9 rows 43 (as 8 + 1); groups of 5 reuse the
-// kernel that reads 5 rows at 23-26 GB/s.
-constexpr int GB = blocks_for(MAX_M);
-template <int M>
-inline void group(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t n) {
-  block<M, GB>(x, w, y, K, N, n);
-}
-template <int M>
-inline void group_tail(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t n) {
-  block<M, 1>(x, w, y, K, N, n);
-}
-using Group = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t);
-constexpr Group GROUPS[MAX_M] = {group<1>, group<2>, group<3>, group<4>, group<5>};
-constexpr Group TAILS[MAX_M] = {group_tail<1>, group_tail<2>, group_tail<3>, group_tail<4>, group_tail<5>};
-
-void grouped(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N) {
-  const int64_t blocks = N / GB;
-  auto each_group = [&](const Group* table, int64_t n) {
-    for (int64_t m0 = 0; m0 < M; m0 += MAX_M) {
-      const int64_t rows = std::min<int64_t>(MAX_M, M - m0);
-      table[rows - 1](x + m0 * K, w, y + m0 * N, K, N, n);
-    }
-  };
-  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const char* ahead = reinterpret_cast<const char*>(w + b * GB * K) + PREFETCH;
-      for (int64_t o = 0; o < GB * K * 4; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
-      each_group(GROUPS, b * GB);
-    }
-  });
-  for (int64_t n = blocks * GB; n < N; ++n) each_group(TAILS, n);
-}
-
-using Pass = void (*)(const float*, const float*, float*, int64_t, int64_t);
-constexpr Pass PASSES[MAX_M] = {pass<1>, pass<2>, pass<3>, pass<4>, pass<5>};
-
-at::Tensor thin_linear(const at::Tensor& x_in, const at::Tensor& w_in) {
+at::Tensor panel_linear(const at::Tensor& x_in, const at::Tensor& w_in, int64_t N) {
   TORCH_CHECK(x_in.scalar_type() == at::kFloat && w_in.scalar_type() == at::kFloat, "thinmm: float32 only");
-  TORCH_CHECK(x_in.dim() == 2 && w_in.dim() == 2 && x_in.size(1) == w_in.size(1),
-              "thinmm: x [rows, in] and w [out, in]");
+  TORCH_CHECK(x_in.dim() == 2 && w_in.dim() == 3 && w_in.size(2) == P && x_in.size(1) == w_in.size(1) &&
+              w_in.size(0) == (N + P - 1) / P, "thinmm: x [rows, in] and panels [ceil(out / ", P, "), in, ", P, "]");
   const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const int64_t M = x.size(0), K = x.size(1), panels = w.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
-  if (M <= MAX_M) {
-    PASSES[M - 1](x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), K, N);
-  } else {
-    grouped(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), M, K, N);
-  }
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  // More rows than the registers hold go through in groups over each panel while it is in cache (L2 for a
+  // 1536-feature panel), so the weights still come from memory once.
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * P, width = std::min<int64_t>(P, N - n0);
+      for (int64_t m0 = 0; m0 < M; m0 += MAX_M) {
+        const int64_t rows = std::min<int64_t>(MAX_M, M - m0);
+        PANELS[rows - 1](xp + m0 * K, wp + p * K * P, yp + m0 * N, K, N, n0, width);
+      }
+    }
+  });
   return y;
 }
 
+// W [N, K] -> panels [ceil(N / P), K, P], rows past N zero.
+at::Tensor pack_panels(const at::Tensor& w_in) {
+  TORCH_CHECK(w_in.scalar_type() == at::kFloat && w_in.dim() == 2, "thinmm: a float32 weight [out, in]");
+  const int64_t N = w_in.size(0), K = w_in.size(1), panels = (N + P - 1) / P;
+  at::Tensor w = w_in;
+  if (panels * P != N) w = at::cat({w_in, at::zeros({panels * P - N, K}, w_in.options())});
+  return w.reshape({panels, P, K}).transpose(1, 2).contiguous();
+}
+
+int64_t panel_rows() { return P; }
+
 }  // namespace
 
-TORCH_LIBRARY(specview_thinmm, m) { m.def("linear(Tensor x, Tensor w) -> Tensor"); }
-TORCH_LIBRARY_IMPL(specview_thinmm, CPU, m) { m.impl("linear", thin_linear); }
+TORCH_LIBRARY(specview_thinmm, m) {
+  m.def("linear(Tensor x, Tensor panels, SymInt out_features) -> Tensor");
+  m.def("pack_panels(Tensor w) -> Tensor");
+  m.def("panel_rows() -> int", panel_rows);
+}
+TORCH_LIBRARY_IMPL(specview_thinmm, CPU, m) {
+  m.impl("linear", panel_linear);
+  m.impl("pack_panels", pack_panels);
+}
