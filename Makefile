@@ -25,7 +25,7 @@ run: install
 # Two workers: the exact-law, check, compiled-path and tree tests are spread one by one, every other file runs whole on
 # one worker as written (tests/conftest.py, SPREAD).
 test: install
-	$(PY) -m pytest -q -n 2 --dist loadgroup tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 tests
 
 # The fuzz tests' long form (make test runs them short, seeded): random seeds, 20x the examples, each test
 # stopped after FUZZ_SECONDS. The HTTP API from its OpenAPI schema (schemathesis), every parser, the files
