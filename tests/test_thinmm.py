@@ -55,7 +55,7 @@ def test_inputs_that_are_not_contiguous_are_multiplied_as_they_read():
 @needs_thin
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
     """Each output is summed over the features in one order whatever the row count, so a verify's row is the
-    one-row step's bit for bit: greedy speculative output cannot part from greedy autoregressive output here."""
+    kernel's product of that row alone, bit for bit (a one-row step on the panels gives the same logits)."""
     torch.manual_seed(0)
     weight, x = torch.randn(100, 576), torch.randn(25, 576)
     panels = thinmm.pack_panels(weight)

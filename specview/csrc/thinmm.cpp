@@ -7,15 +7,14 @@
 // one row costs. On a 2-vCPU Xeon (Sapphire Rapids class, AMX) MKL's sgemm read the weights of a SmolLM2's layers
 // at 12 GB/s for 5 rows and oneDNN's packed product no faster, where one row reads them at ~21. The first
 // version of this kernel read W in its own row-major layout and summed each output across a vector at the end:
-// those horizontal sums (shuffles, on the port the multiply-adds need) held it to ~55% of the multiply-add peak,
-// and 9 rows took 1.4x the time of one (28.7 against 20.7 ms for the layers).
+// those horizontal sums (shuffles, on the port the multiply-adds need) held it to ~55% of the multiply-add peak.
 //
 // How: a vector lane per output row. For each input feature k the panel holds the P rows' weights side by side
 // (two vectors), each input row's x[m, k] is broadcast, and 2 x M accumulators take the products: every weight
 // is read once, from one contiguous stream per panel, and multiplied into all M rows; nothing is summed across
 // lanes. Each output is summed in the order k = 0, 1, .. whatever M is, so a row's result does not depend on
-// the rows beside it (a verify's row equals the one-row step's, bit for bit). The same layers: 9 rows in 20.7
-// ms, one in 17.8 (MKL's one-row sgemv 19.7).
+// the rows beside it (bit for bit). The same layers, 2 threads, one interleaved run: 1 / 5 / 9 / 17 rows in
+// 18.6 / 22.5 / 25.8 / 31.3 ms, the row-major form 21.2 / 24.0 / 28.8 / 36.5, F.linear 19.5 / 34.7 / 42.0 / 45.1.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -50,8 +49,9 @@ inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
 #endif
 
 constexpr int P = 2 * L;  // output rows per panel: two vectors
-// Bytes prefetched ahead of the multiply-adds. The hardware prefetcher alone left 9 rows at 13 GB/s on the Xeon,
-// with this 17 (one row: 21 -> 24).
+// Bytes prefetched ahead of the multiply-adds: with the hardware prefetcher alone 5 rows took 28.7 ms through the
+// layers on the Xeon, with this 24.6 (runs apart); against the row-major form in the same run, 4 and 16 KiB did
+// about as well, 32 KiB worse.
 constexpr int64_t AHEAD = 8192;
 
 // Rows m0 .. m0 + M - 1 of x times one panel -> y's columns n0 .. n0 + P - 1 (fewer at the last panel: `width`).
