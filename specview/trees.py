@@ -46,6 +46,25 @@ def spine(parents: list[int], path: list[int]) -> list[int]:
     return out
 
 
+def preorder(parents: list[int]) -> list[int]:
+    """The nodes depth first, children in the order they are tried: the first child of every node follows it,
+    so the likeliest path (each level's first child) is a run of consecutive rows and a step that accepts it
+    finds its rows already in place (kvcache.keep_rows only crops)."""
+    kids = children(parents)
+    out, stack = [], list(reversed(kids.get(-1, [])))
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(reversed(kids.get(node, [])))
+    return out
+
+
+def renumber(parents: list[int], order: list[int]) -> list[int]:
+    """The parents of the nodes `order` (old indices, each one's parent listed before it) in the new numbering."""
+    new = {old: i for i, old in enumerate(order)}
+    return [new[parents[j]] if parents[j] >= 0 else -1 for j in order]
+
+
 def check(parents: list[int]) -> None:
     for j, parent in enumerate(parents):
         if not -1 <= parent < j:

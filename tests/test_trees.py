@@ -74,7 +74,7 @@ def test_one_forward_over_the_tree_gives_each_path_its_logits(loaded_pair, forwa
         fastdecode.uninstall(target.model)
 
 
-SHAPES = ["tree:b=2,d=3", "tree:nodes=6,b=3,d=4", "tree:b=3,d=1"]
+SHAPES = ["tree:b=2,d=3", "tree:nodes=6,b=3,d=4", "tree:b=3,d=1", "tree:b=3,d=3,w=1"]
 
 
 @pytest.mark.parametrize("options", SHAPES + ["ngram"])
@@ -93,6 +93,43 @@ def test_greedy_tree_equals_greedy_autoregressive(loaded_pair, options):
         assert record["path"] == [] or record["parents"][record["path"][0]] == -1
         assert all(record["parents"][b] == a for a, b in zip(record["path"], record["path"][1:]))
         assert record["r"] is None
+
+
+def ancestry(parents: list[int], node: int) -> list[int]:
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
+
+
+@pytest.mark.parametrize("options", ["tree:b=2,d=3", "tree:b=2,d=3,w=1", "tree:nodes=5,b=3,d=3"])
+def test_every_node_carries_the_draft_law_of_its_own_path(loaded_pair, options):
+    """The draft's cache across steps (levels fed with a mask, or as one sequence while each level is one node;
+    the accepted path's rows kept, the rest dropped): each node's q(x) is what a fresh draft gives after the text
+    and the node's ancestors. A stale or misplaced row would change some q and nothing else (the verify is
+    lossless whatever the draft proposes), so only this test sees it."""
+    target, draft = loaded_pair
+    greedy = SamplingConfig(temperature=0)
+    dec = Decoder(target, tree_drafter(draft, options), greedy, k=3, ignore_eos=True)
+    text, checked = list(PROMPT), 0
+    for step in dec.generate(PROMPT, 24):
+        record = step.to_json().get("tree")
+        for j, token in enumerate(record["tokens"] if record else []):
+            fed = text + [record["tokens"][i] for i in ancestry(record["parents"], j)[:-1]]
+            q = torch.softmax(dec.forward(draft, new_cache(draft), fed)[-1].float(), dim=-1)
+            assert abs(float(q[token]) - record["q"][j]) < 1e-4, (options, step.step, j)
+            checked += 1
+        text += step.emitted
+    assert checked > 20
+
+
+def test_preorder_puts_each_first_child_after_its_parent():
+    assert trees.preorder(PARENTS) == [0, 2, 5, 3, 1, 4, 6]
+    renumbered = trees.renumber(PARENTS, trees.preorder(PARENTS))
+    trees.check(renumbered)
+    assert renumbered == [-1, 0, 1, 0, -1, 4, 5]
+    assert trees.spine(renumbered, [0]) == [0, 1, 2]  # the first-child path: consecutive rows
 
 
 def test_fastdecode_tree_verify_is_greedy_equal(small_llama_pair):
@@ -165,7 +202,7 @@ def law_holds(counts, exact) -> bool:
 
 
 LAW_CASES = [("tree:b=2,d=2", "temperature 1"), ("tree:b=2,d=2", "temperature 0.7, top-k 3"),
-             ("tree:nodes=4,b=2,d=2", "temperature 1")]
+             ("tree:nodes=4,b=2,d=2", "temperature 1"), ("tree:b=2,d=3,w=1", "temperature 0.7, top-k 3")]
 
 
 @pytest.mark.parametrize("options,cfg_name", LAW_CASES)
@@ -195,10 +232,12 @@ def test_tree_specs_parse_and_refuse():
     assert split_tree("smollm2-135m@int4;tree:b=2,d=4")[1].size(4) == 30
     assert split_specs("smollm2-135m@int4;tree:b=2,d=4,ngram;tree") == ["smollm2-135m@int4;tree:b=2,d=4", "ngram;tree"]
     assert split_tree("x;tree:nodes=16")[1].size(8) == 16 and kind("ngram:max=3;tree:b=4") == "ngram"
+    assert split_tree("x;tree:b=2,d=4,w=1")[1].size(4) == 8 and split_tree("x;tree:b=3,d=3,w=2")[1].size(3) == 3 + 6 + 6
+    assert split_tree("x;tree:nodes=40,b=2,d=6")[1].size(6) == 2 + 4 + 4 + 4 + 4 + 4  # dynamic: w defaults to b
     assert split_tree("gpt2") == ("gpt2", None) and kind("self:skip=1-3;tree") == "self"
     # "²" and "٣" are digits to str.isdigit() but not to int(), nor are 5000 of them: these were tracebacks
     for bad in ("x;tree:b=0", "x;tree:b=99", "x;tree:q=1", "x;forest", ";tree", "ngram;tree:d=3", "x;tree:b=2,b=3",
-                "x;tree:b=²", "x;tree:d=٣", "x;tree:nodes=" + "1" * 5000, "x;tree:nodes=" + "0" * 5000 + "129"):
+                "x;tree:b=²", "x;tree:d=٣", "x;tree:w=0", "ngram;tree:w=1", "x;tree:nodes=" + "1" * 5000, "x;tree:nodes=" + "0" * 5000 + "129"):
         with pytest.raises(SpecviewError, match="--draft"):
             kind(bad)
 

@@ -8,6 +8,8 @@
 
     DRAFTER;tree:b=2,d=4   a token tree from that drafter (docs/design.md §18): b children per node, depth d
     DRAFTER;tree:nodes=16  the 16 nodes of highest draft probability (EAGLE-2), b=, d= bound the expansion
+    DRAFTER;tree:b=2,d=4,w=1  only the w likeliest nodes of each level get children: w=1 is the chain with
+                           b-1 siblings beside each node as leaves (the chain's draft forwards, more rows verified)
     ngram;tree:b=3         n-gram lookup with up to 3 earlier occurrences' continuations as branches
 
 The list separator is also the option separator of `ngram:max=4,min=1`: an item of the form key=value
@@ -47,25 +49,34 @@ def split_specs(text: str) -> list[str]:
     return specs
 
 
-TREE_LIMITS = {"b": 8, "d": 16, "nodes": 128}  # children per node, depth, nodes: a verify of ~130 rows at most
+TREE_LIMITS = {"b": 8, "d": 16, "nodes": 128, "w": 64}  # children per node, depth, nodes, expanded per level
 
 
 @dataclass(frozen=True)
 class TreeShape:
-    """What a tree drafter drafts: `b` children per expanded node, `d` levels (None: K); with `nodes`, the
-    nodes of highest draft probability among those (EAGLE-2's dynamic tree), else every node (static)."""
+    """What a tree drafter drafts: `b` children per expanded node, `d` levels (None: K), the `w` likeliest
+    nodes of each level expanded (None: every node; a dynamic tree's default is b); with `nodes`, the nodes of
+    highest draft probability among those (EAGLE-2's dynamic tree), else every node drafted (static)."""
 
     b: int = 2
     d: int | None = None
     nodes: int | None = None
+    w: int | None = None
 
     def depth(self, k: int) -> int:
         return self.d or k
 
+    def width(self) -> int | None:
+        """How many nodes of a level get children (None: all of them)."""
+        return self.w or (self.b if self.nodes else None)
+
     def size(self, k: int) -> int:
         """Nodes at most, with depth k when d is not set."""
-        full = sum(self.b ** level for level in range(1, self.depth(k) + 1))
-        return min(full, self.nodes) if self.nodes else full
+        level, total, width = 1, 0, self.width()
+        for _ in range(self.depth(k)):
+            level = (level if width is None else min(level, width)) * self.b
+            total += level
+        return min(total, self.nodes) if self.nodes else total
 
 
 def split_tree(spec: str) -> tuple[str, TreeShape | None]:
@@ -81,7 +92,7 @@ def split_tree(spec: str) -> tuple[str, TreeShape | None]:
     for item in filter(None, options.split(",")):
         key, eq, text = item.partition("=")
         if key not in TREE_LIMITS or not eq or key in values:
-            raise SpecviewError(f"--draft {quoted(spec)}: unknown tree option {quoted(item)} (use b=N, d=N, nodes=N)")
+            raise SpecviewError(f"--draft {quoted(spec)}: unknown tree option {quoted(item)} (use b=N, d=N, nodes=N, w=N)")
         number = ascii_int(text, 6)  # every limit is below a million
         if number is None or not 1 <= number <= TREE_LIMITS[key]:
             raise SpecviewError(f"--draft {quoted(spec)}: tree {key} must be an integer from 1 to {TREE_LIMITS[key]}, "
@@ -89,7 +100,8 @@ def split_tree(spec: str) -> tuple[str, TreeShape | None]:
         values[key] = number
     if base.partition(":")[0] == "ngram" and set(values) - {"b"}:
         raise SpecviewError(f"--draft {quoted(spec)}: an n-gram tree takes only b=N (the branches)")
-    return base, TreeShape(values.get("b", 2 if "nodes" not in values else 4), values.get("d"), values.get("nodes"))
+    return base, TreeShape(values.get("b", 2 if "nodes" not in values else 4), values.get("d"), values.get("nodes"),
+                           values.get("w"))
 
 
 def kind(spec: str) -> str:

@@ -74,7 +74,7 @@ class TreeDrafter:
 
     def _model(self, dec, cache, tokens: list[int], k: int) -> Proposal:
         timer, lm, shape = dec.timer, self.lm, self.shape
-        greedy, dynamic = dec.sampling.greedy, shape.nodes is not None
+        greedy, dynamic, width = dec.sampling.greedy, shape.nodes is not None, shape.width()
         base = len(tokens)
         with timer.phase("draft"):
             logits = dec.forward(lm, cache, tokens[cache.get_seq_length():], keep=1)
@@ -83,7 +83,7 @@ class TreeDrafter:
         parents: list[int] = []
         scores: list[float] = []  # draft probability of the path to each node (dynamic trees)
         rows: list[int] = []
-        frontier = [-1]
+        frontier, fed = [-1], -1  # fed: the last node fed while the draft's cache is still one sequence
         for level in range(1, k + 1):
             new = []
             with timer.phase("sample"):
@@ -99,25 +99,35 @@ class TreeDrafter:
                         rows.append(-1)
             if level == k or not new:
                 break
-            if dynamic:  # expand the b best of this level only
-                new = sorted(sorted(new, key=lambda j: -scores[j])[: shape.b])
+            if width is not None and len(new) > width:  # expand the w likeliest of this level only
+                new = sorted(sorted(new, key=lambda j: (-scores[j], j))[:width])
             cached = cache.get_seq_length()
             for i, j in enumerate(new):
                 rows[j] = cached - base + i
-            layout = trees.append_layout(parents, rows, new, base, cached, dec.device)
             with timer.phase("draft"):
-                logits = dec.forward(lm, cache, torch.stack([ids[j] for j in new]), tree=layout)
+                if fed is not None and len(new) == 1 and parents[new[0]] == fed:
+                    # One node continuing the nodes fed so far: the cache stays one sequence, and the plain
+                    # forward of a chain's draft needs no mask (w=1 drafts at the chain's cost).
+                    logits = dec.forward(lm, cache, ids[new[0]].view(1))
+                    fed = new[0]
+                else:
+                    layout = trees.append_layout(parents, rows, new, base, cached, dec.device)
+                    logits = dec.forward(lm, cache, torch.stack([ids[j] for j in new]), tree=layout)
+                    fed = None
             frontier = new
-        if dynamic and len(ids) > shape.nodes:
-            # Each node's score is at most its parent's, and ties go to the earlier index: the best `nodes`
-            # include every ancestor of theirs, so the kept set is a tree.
-            kept = sorted(sorted(range(len(ids)), key=lambda j: (-scores[j], j))[: shape.nodes])
-            new_index = {old: i for i, old in enumerate(kept)}
-            parents = [new_index[parents[j]] if parents[j] >= 0 else -1 for j in kept]
-            ids, laws, rows = [ids[j] for j in kept], [laws[j] for j in kept], [rows[j] for j in kept]
         if not ids:
             return Proposal(torch.zeros(0, dtype=torch.long, device=dec.device),
                             torch.zeros(0, dec.vocab, device=dec.device))
+        kept = range(len(ids))
+        if dynamic and len(ids) > shape.nodes:
+            # Each node's score is at most its parent's, and ties go to the earlier index: the best `nodes`
+            # include every ancestor of theirs, so the kept set is a tree.
+            kept = sorted(sorted(kept, key=lambda j: (-scores[j], j))[: shape.nodes])
+            parents = trees.renumber(parents, kept)
+            ids, laws, rows = [ids[j] for j in kept], [laws[j] for j in kept], [rows[j] for j in kept]
+        order = trees.preorder(parents)  # the first-child path in consecutive rows: no gather when it is accepted
+        parents = trees.renumber(parents, order)
+        ids, laws, rows = [ids[j] for j in order], [laws[j] for j in order], [rows[j] for j in order]
         return Proposal(torch.stack(ids), torch.stack(laws), parents=parents, draft_rows=rows)
 
     def _children(self, q: torch.Tensor, dec, deterministic: bool):
