@@ -78,7 +78,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft", "--draft-model", "--approx_model_name", default=DEFAULTS.draft, metavar="SPEC[,SPEC..]",
                    help="what proposes K tokens per step: MODEL[@dtype] (dtype float32, bfloat16, float16, int4 or int4+head), "
                         "ngram[:max=4,min=1] (prompt lookup), self:skip=4-9,15 or self:auto (the target skipping "
-                        f"layers); a comma-separated list for bench, eval and the TUI's d key (default {DEFAULTS.draft})")
+                        "layers); a suffix ';tree:b=2,d=4' (b children per node, depth d; w=1 expands only the "
+                        "likeliest node of each level) or ';tree:nodes=16' (EAGLE-2's dynamic tree) drafts a token "
+                        "tree, verified in one forward (quote the ';' from the shell); a comma-separated list for "
+                        f"bench, eval and the TUI's d key (default {DEFAULTS.draft})")
     g.add_argument("--device", default=DEFAULTS.device, choices=["auto", "cpu", "cuda", "mps"],
                    help="auto picks cuda, then mps, then cpu")
     g.add_argument("--threads", type=number_type(int, "--threads", lambda v: v >= 1, ">= 1"), default=DEFAULTS.threads,

@@ -74,7 +74,7 @@ def test_one_forward_over_the_tree_gives_each_path_its_logits(loaded_pair, forwa
         fastdecode.uninstall(target.model)
 
 
-SHAPES = ["tree:b=2,d=3", "tree:nodes=6,b=3,d=4", "tree:b=3,d=1", "tree:b=3,d=3,w=1"]
+SHAPES = ["tree:b=2,d=3", "tree:nodes=6,b=3,d=4", "tree:b=3,d=1", "tree:b=3,d=3,w=1,min=0.02"]
 
 
 @pytest.mark.parametrize("options", SHAPES + ["ngram"])
@@ -103,7 +103,7 @@ def ancestry(parents: list[int], node: int) -> list[int]:
     return out[::-1]
 
 
-@pytest.mark.parametrize("options", ["tree:b=2,d=3", "tree:b=2,d=3,w=1", "tree:nodes=5,b=3,d=3"])
+@pytest.mark.parametrize("options", ["tree:b=2,d=3", "tree:b=2,d=3,w=1", "tree:nodes=5,b=3,d=3,min=0.02"])
 def test_every_node_carries_the_draft_law_of_its_own_path(loaded_pair, options):
     """The draft's cache across steps (levels fed with a mask, or as one sequence while each level is one node;
     the accepted path's rows kept, the rest dropped): each node's q(x) is what a fresh draft gives after the text
@@ -234,10 +234,12 @@ def test_tree_specs_parse_and_refuse():
     assert split_tree("x;tree:nodes=16")[1].size(8) == 16 and kind("ngram:max=3;tree:b=4") == "ngram"
     assert split_tree("x;tree:b=2,d=4,w=1")[1].size(4) == 8 and split_tree("x;tree:b=3,d=3,w=2")[1].size(3) == 3 + 6 + 6
     assert split_tree("x;tree:nodes=40,b=2,d=6")[1].size(6) == 2 + 4 + 4 + 4 + 4 + 4  # dynamic: w defaults to b
+    assert split_tree("x;tree:b=2,w=1,min=0.05")[1].min == 0.05
     assert split_tree("gpt2") == ("gpt2", None) and kind("self:skip=1-3;tree") == "self"
     # "²" and "٣" are digits to str.isdigit() but not to int(), nor are 5000 of them: these were tracebacks
     for bad in ("x;tree:b=0", "x;tree:b=99", "x;tree:q=1", "x;forest", ";tree", "ngram;tree:d=3", "x;tree:b=2,b=3",
-                "x;tree:b=²", "x;tree:d=٣", "x;tree:w=0", "ngram;tree:w=1", "x;tree:nodes=" + "1" * 5000, "x;tree:nodes=" + "0" * 5000 + "129"):
+                "x;tree:b=²", "x;tree:d=٣", "x;tree:w=0", "ngram;tree:w=1", "x;tree:min=0", "x;tree:min=1", "x;tree:min=nan",
+                "x;tree:min=-0.5", "x;tree:min=.5,min=.2", "ngram;tree:min=0.1", "x;tree:nodes=" + "1" * 5000, "x;tree:nodes=" + "0" * 5000 + "129"):
         with pytest.raises(SpecviewError, match="--draft"):
             kind(bad)
 
@@ -254,3 +256,29 @@ def test_run_takes_a_tree_spec_and_records_the_tree(capsys, gpt2_paths):
     assert trees_seen and all(len(t["tokens"]) == len(t["parents"]) == len(t["q"]) == len(t["p"]) for t in trees_seen)
     code, out, err = run_cli(capsys, "run", "--target", gpt2_paths[0], "--draft", f"{gpt2_paths[1]};tree:b=0")
     assert code == 2 and "tree b must be" in err and len(err.strip().splitlines()) == 1
+
+
+def test_min_drafts_siblings_only_where_the_draft_is_unsure(loaded_pair):
+    """min=P: a second or later child only when the draft gives its path at least P; the first children (the
+    chain) are all drafted, and the tree is smaller where the draft is sure (fewer rows to verify)."""
+    target, draft = loaded_pair
+    greedy = SamplingConfig(temperature=0)
+    sizes = {}
+    for floor in (None, 0.02):
+        options = "tree:b=3,d=3,w=1" + (f",min={floor}" if floor else "")
+        steps = list(Decoder(target, tree_drafter(draft, options), greedy, k=3, ignore_eos=True).generate(PROMPT, 24))
+        nodes = [s.tree for s in steps if s.tree]
+        sizes[floor] = sum(len(t["tokens"]) for t in nodes) / max(len(steps), 1)
+        if floor:
+            for t in nodes:
+                first = {}
+                for j, parent in enumerate(t["parents"]):
+                    if first.setdefault(parent, j) == j:
+                        continue  # a first child: drafted whatever its probability
+                    path_q = 1.0
+                    for i in ancestry(t["parents"], j):
+                        path_q *= t["q"][i]
+                    assert path_q >= floor * (1 - 1e-5), (j, path_q)
+        spines = [len(trees.spine(s.tree["parents"], [])) if s.tree else len(s.drafted) for s in steps]
+        assert max(spines) == 3  # the chain of first children keeps its depth
+    assert sizes[0.02] < sizes[None]

@@ -10,6 +10,8 @@
     DRAFTER;tree:nodes=16  the 16 nodes of highest draft probability (EAGLE-2), b=, d= bound the expansion
     DRAFTER;tree:b=2,d=4,w=1  only the w likeliest nodes of each level get children: w=1 is the chain with
                            b-1 siblings beside each node as leaves (the chain's draft forwards, more rows verified)
+    DRAFTER;tree:b=2,d=4,w=1,min=0.1  a second or later child only if the draft gives its path at least 0.1
+                           (where children are the top-b of q: greedy, or nodes=): siblings where the draft is unsure
     ngram;tree:b=3         n-gram lookup with up to 3 earlier occurrences' continuations as branches
 
 The list separator is also the option separator of `ngram:max=4,min=1`: an item of the form key=value
@@ -62,6 +64,7 @@ class TreeShape:
     d: int | None = None
     nodes: int | None = None
     w: int | None = None
+    min: float | None = None  # a later sibling's least draft probability along its path (top-b children only)
 
     def depth(self, k: int) -> int:
         return self.d or k
@@ -88,11 +91,15 @@ def split_tree(spec: str) -> tuple[str, TreeShape | None]:
     name, _, options = rest.partition(":")
     if name != "tree" or not base:
         raise SpecviewError(f"--draft {quoted(spec)}: after ';' only tree[:b=N,d=N] or tree:nodes=N (a token tree)")
-    values: dict[str, int] = {}
+    values: dict[str, int | float] = {}
     for item in filter(None, options.split(",")):
         key, eq, text = item.partition("=")
-        if key not in TREE_LIMITS or not eq or key in values:
-            raise SpecviewError(f"--draft {quoted(spec)}: unknown tree option {quoted(item)} (use b=N, d=N, nodes=N, w=N)")
+        if key not in (*TREE_LIMITS, "min") or not eq or key in values:
+            raise SpecviewError(f"--draft {quoted(spec)}: unknown tree option {quoted(item)} "
+                                "(use b=N, d=N, nodes=N, w=N, min=P)")
+        if key == "min":
+            values[key] = _probability(spec, text)
+            continue
         number = ascii_int(text, 6)  # every limit is below a million
         if number is None or not 1 <= number <= TREE_LIMITS[key]:
             raise SpecviewError(f"--draft {quoted(spec)}: tree {key} must be an integer from 1 to {TREE_LIMITS[key]}, "
@@ -101,7 +108,18 @@ def split_tree(spec: str) -> tuple[str, TreeShape | None]:
     if base.partition(":")[0] == "ngram" and set(values) - {"b"}:
         raise SpecviewError(f"--draft {quoted(spec)}: an n-gram tree takes only b=N (the branches)")
     return base, TreeShape(values.get("b", 2 if "nodes" not in values else 4), values.get("d"), values.get("nodes"),
-                           values.get("w"))
+                           values.get("w"), values.get("min"))
+
+
+def _probability(spec: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value < 1.0:  # also refuses nan and inf
+        raise SpecviewError(f"--draft {quoted(spec)}: tree min must be a probability between 0 and 1, e.g. min=0.1, "
+                            f"got {quoted(text)}")
+    return value
 
 
 def kind(spec: str) -> str:

@@ -4,6 +4,9 @@
     model;tree:nodes=16    EAGLE-2's dynamic tree: each level expands the b best nodes so far by draft
                            probability (the product of q along the path), then the `nodes` best are kept
     ngram;tree:b=3         the continuations of up to b earlier occurrences of the longest matching suffix
+    model;tree:b=2,d=4,w=1,min=0.1   each level expands its likeliest node only, and a node's second or later
+                           child is drafted only if the draft gives its path at least 0.1 (children that are
+                           the top-b of q: greedy or dynamic): siblings where the draft is unsure
 
 A draft model feeds one level of the tree per forward (its rows see their ancestors only, like the
 target's verify). How siblings are drawn decides what the verify may assume about them:
@@ -90,12 +93,15 @@ class TreeDrafter:
                 with timer.phase("softmax"):
                     q = probs_from_logits(logits, dec.sampling)
                 for i, parent in enumerate(frontier):
-                    for token, law, prob in self._children(q[i], dec, deterministic=dynamic or greedy):
+                    for rank, (token, law, prob) in enumerate(self._children(q[i], dec, deterministic=dynamic or greedy)):
+                        score = prob * (scores[parent] if parent >= 0 else 1.0)
+                        if rank and shape.min and score < shape.min:  # top-b come likeliest first: none left
+                            break
                         new.append(len(ids))
                         ids.append(token)
                         laws.append(law)
                         parents.append(parent)
-                        scores.append(prob * (scores[parent] if parent >= 0 else 1.0))
+                        scores.append(score)
                         rows.append(-1)
             if level == k or not new:
                 break
