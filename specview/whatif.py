@@ -32,6 +32,7 @@ from types import SimpleNamespace
 from specview.errors import SpecviewError
 from specview.metrics import AcceptanceFigures, CostCurve, fit_cost_curve, ratio
 from specview.policies import Policy, make_policy, parse_policy
+from specview.treeshape import TreeShape, split_tree
 
 DISTS_SCHEMA = "specview.dists/1"
 ORACLE_K = 16  # the oracle's K: "unlimited" within what a lookup block records
@@ -67,6 +68,7 @@ class Track:
                 self.matches = [m if v is None else bool(v) for m, v in zip(self.matches, d["verdicts"])]
             self.probs = [float(m) for m in self.matches] if greedy else [float(x) for x in d["overlap"]]
             self.top_q = [float(ps[0]) for ps in d["top_probs"]]
+            self.top_ids, self.top_probs = d["top_ids"], d["top_probs"]  # a tree's siblings (greedy)
         else:
             self.blocks = d["blocks"]
             self.block_matches = [[s + j < self.n and x == self.tokens[s + j] for j, x in enumerate(b)]
@@ -111,6 +113,12 @@ class StepCosts:
         """Per step, whatever it drafts (sampling each draft is inside draft_ms)."""
         return self.overhead_ms
 
+    def tree_step_ms(self, depth: int, nodes: int) -> float | None:
+        """A tree of one node fed per level (w=1): the chain's draft forwards, a verify of 1 + nodes rows."""
+        if self.draft_ms is None:
+            return None
+        return depth * self.draft_ms + self.curve.target_ms(nodes + 1) + self.overhead(depth)
+
 
 @dataclass
 class Replay(AcceptanceFigures):
@@ -136,6 +144,7 @@ class Replay(AcceptanceFigures):
     ar_ms: float | None = None  # the same tokens autoregressively: tokens x (target_ms(1) + overhead(0))
     ar_forward_ms: float | None = None
     exact: bool = True  # False: goodput at temperature > 0 (its state follows the likeliest branch)
+    nodes: float = 0.0  # rows verified past the root: the drafts of a chain, every node of a tree
 
     @property
     def tokens_per_step(self) -> float | None:
@@ -167,7 +176,7 @@ class Replay(AcceptanceFigures):
             "lost_ms_per_step": {"drafts_thrown_away": self.per_step(self.lost_drafts_ms),
                                  "verify_rows_wasted": self.per_step(self.lost_rows_ms),
                                  "overhead_outside_forwards": self.per_step(self.overhead_ms)},
-            "exact": self.exact,
+            "exact": self.exact, "nodes_per_step": ratio(self.nodes, self.steps),
         }
 
 
@@ -247,6 +256,7 @@ def _count(out: Replay, mass: float, n: int, outcomes: list, track: Track, t: in
            oracle: bool) -> None:
     out.steps += mass
     out.drafted += mass * n
+    out.nodes += mass * n
     _grow(out.per_position_drafted, n)
     _grow(out.per_position_reached, n)
     _grow(out.per_position_accepted, n)
@@ -288,17 +298,129 @@ def _fake_step(n: int, j: int, costs: StepCosts | None) -> SimpleNamespace:
 
 
 def replay(dists: dict, drafter: str, k: int, policy: str = "fixed", costs: StepCosts | None = None) -> Replay:
-    """Expected figures of `drafter` at K under `policy` over every recorded run."""
+    """Expected figures of `drafter` at K under `policy` over every recorded run (a `;tree:` spec: tree_shape)."""
     if policy != ORACLE:
         policy = parse_policy(policy)
     out = Replay(drafter, policy, k)
     greedy = bool(dists.get("greedy"))
+    shape = tree_shape(dists, drafter)
+    if shape is not None:
+        base = drafter if _recorded(dists, drafter) else split_tree(drafter)[0]
+        for run in dists["runs"]:
+            replay_tree_track(Track(run, base, greedy), shape, k, costs, dists.get("max_new_tokens"), out)
+        return out
     # Sampling: which run a draft would match is itself random; the bound on tokens per step is then the
     # most drafts (K = ORACLE_K, fixed: more drafts never lower the expected tokens of a step).
     effective = "fixed" if policy == ORACLE and not greedy else policy
     for run in dists["runs"]:
         replay_track(Track(run, drafter, greedy), k, effective, costs, dists.get("max_new_tokens"), out)
     return out
+
+
+def _recorded(dists: dict, spec: str) -> bool:
+    return bool(dists["runs"]) and spec in (dists["runs"][0].get("drafters") or {})
+
+
+def tree_shape(dists: dict, spec: str) -> TreeShape | None:
+    """The tree a `DRAFTER;tree:...` spec drafts over a recorded DRAFTER (None for a chain), or SpecviewError for a
+    tree the record cannot replay. It replays exactly the trees whose every node's outcome the record decides:
+    greedy, one node expanded per level (w=1: the chain with up to b - 1 siblings beside each of its nodes,
+    each a leaf). A sibling is accepted when it is the target's token where the chain's node was rejected; the
+    draft's top tokens at each emitted position are its siblings. A wider tree's nodes below a sibling would
+    need the draft's distributions off the emitted text, which --record-dists does not keep."""
+    base, shape = split_tree(spec)
+    if shape is None:
+        return None
+    recorded = (dists["runs"][0].get("drafters") or {}) if dists["runs"] else {}
+    kind = (recorded.get(base) or recorded.get(spec) or {}).get("kind")
+    problem = ("its drafter was not recorded" if kind is None else
+               "only a model drafter's tree is replayed (a lookup's branches are not recorded)" if kind != "model" else
+               "a tree is replayed at greedy only (a sampled sibling's test needs the residual of whole distributions)"
+               if not dists.get("greedy") else
+               "only trees of w=1 are replayed (the nodes below a sibling need the draft off the emitted text)"
+               if shape.width() != 1 else
+               f"b={shape.b} needs the draft's top {shape.b} tokens (recorded: {len(_first_top(recorded, base, spec))})"
+               if shape.b > len(_first_top(recorded, base, spec)) else None)
+    if problem:
+        raise SpecviewError(f"--drafter {spec}: {problem}")
+    return shape
+
+
+def _first_top(recorded: dict, base: str, spec: str) -> list:
+    entry = recorded.get(base) or recorded.get(spec) or {}
+    return (entry.get("top_ids") or [[]])[0]
+
+
+def replay_tree_track(track: Track, shape: TreeShape, k: int, costs: StepCosts | None, max_new_tokens: int | None,
+                      out: Replay) -> None:
+    """One run's greedy steps with a w=1 tree (deterministic, so each step's mass is 1). Counted as the engine
+    counts a tree step: drafted and accepted along the spine (the accepted path, then the first children below
+    it), so a sibling accepted at depth j + 1 makes j + 1 drafts of which j + 1 accepted."""
+    n_tokens = track.n
+    cap = max_new_tokens if max_new_tokens else n_tokens
+    out.tokens += n_tokens
+    t = 0
+    while t < n_tokens:
+        depth = max(min(shape.depth(k), cap - t - 1, track.available(t)), 0)
+        nodes = _tree_nodes(track, shape, t, depth)  # [(level, token, score)], levels 0..depth-1, spine first
+        spine = sorted((lvl for lvl, rank, _ in nodes if rank == 0))
+        reach = len(spine)  # the spine may be shorter than depth when a node budget cut it
+        j = next((i for i in range(reach) if not track.matched(t, i)), reach)
+        sibling = j < reach and any(lvl == j and rank > 0 and tok == track.tokens[t + j]
+                                    for lvl, rank, tok in _node_tokens(track, t, nodes))
+        accepted, drafted = (j + 1, j + 1) if sibling else (j, reach)
+        out.steps += 1
+        out.drafted += drafted
+        out.nodes += len(nodes)
+        out.accepted += accepted
+        out.rejections += accepted < drafted
+        for lst in (out.per_position_drafted, out.per_position_reached, out.per_position_accepted):
+            _grow(lst, drafted)
+        for i in range(drafted):
+            out.per_position_drafted[i] += 1
+            out.per_position_reached[i] += i <= accepted
+            out.per_position_accepted[i] += i < accepted
+        if drafted:
+            _grow(out.histogram, accepted + 1)
+            out.histogram[accepted] += 1
+        step_ms = costs.tree_step_ms(reach, len(nodes)) if costs is not None else None
+        if step_ms is None:
+            out.ms = out.forward_ms = out.lost_drafts_ms = out.lost_rows_ms = out.overhead_ms = None
+        elif out.ms is not None:
+            forward = reach * costs.draft_ms + costs.curve.target_ms(len(nodes) + 1)
+            out.ms += step_ms
+            out.forward_ms += forward
+            out.lost_drafts_ms += max(reach - accepted, 0) * costs.draft_ms
+            out.lost_rows_ms += costs.curve.target_ms(len(nodes) + 1) - costs.curve.target_ms(accepted + 1)
+            out.overhead_ms += costs.overhead(reach)
+        t += accepted + 1
+    if costs is not None and costs.draft_ms is not None:
+        one = costs.curve.target_ms(1)
+        out.ar_ms = (out.ar_ms or 0.0) + n_tokens * (one + costs.overhead(0))
+        out.ar_forward_ms = (out.ar_forward_ms or 0.0) + n_tokens * one
+
+
+def _tree_nodes(track: Track, shape: TreeShape, t: int, depth: int) -> list[tuple[int, int, float]]:
+    """The nodes drafters/tree.py drafts from t with w=1, as (level, rank among its siblings, path probability),
+    in its order (level by level, each level's children likeliest first), cut to `nodes` as it cuts them."""
+    out, above = [], 1.0
+    for level in range(depth):
+        probs = track.top_probs[t + level][: shape.b]
+        for rank, prob in enumerate(probs):
+            score = prob * above
+            if rank and shape.min and score < shape.min:
+                break
+            out.append((level, rank, score))
+        above *= probs[0]
+    if shape.nodes and len(out) > shape.nodes:
+        kept = sorted(range(len(out)), key=lambda i: (-out[i][2], i))[: shape.nodes]
+        out = [out[i] for i in sorted(kept)]
+    return out
+
+
+def _node_tokens(track: Track, t: int, nodes: list) -> list[tuple[int, int, int]]:
+    """(level, rank, token) of each node: the draft's rank-th likeliest token at position t + level."""
+    return [(lvl, rank, track.top_ids[t + lvl][rank]) for lvl, rank, _ in nodes]
 
 
 def step_costs(profile: dict, drafter: str, curve: CostCurve | None) -> StepCosts | None:
@@ -341,9 +463,15 @@ def whatif_document(profile: dict, dists: dict, ks: list[int], policies: list[st
            "cpu": meta.get("cpu"), "threads": meta.get("threads"), "tokens": sum(len(r["tokens"]) for r in dists["runs"]),
            "cost_curve": curve.to_json() if curve else None, "recorded": recorded(profile), "drafters": {}}
     for spec in drafters:
-        costs = step_costs(profile, spec, curve)
-        rows = [replay(dists, spec, k, policy, costs) for policy in policies for k in ks]
-        oracle = replay(dists, spec, ORACLE_K, ORACLE, costs)
+        shape = tree_shape(dists, spec)
+        # A tree replays over its base drafter's record and costs (w=1 drafts one row per level, as a chain does).
+        base = spec if shape is None or _recorded(dists, spec) else split_tree(spec)[0]
+        costs = step_costs(profile, base, curve)
+        if shape is None:
+            rows = [replay(dists, spec, k, policy, costs) for policy in policies for k in ks]
+        else:  # a tree drafts its shape: no draft-length policy, and K only when d is not given
+            rows = [replay(dists, spec, k, "fixed", costs) for k in ([shape.d] if shape.d else ks)]
+        oracle = replay(dists, base, ORACLE_K, ORACLE, costs)
         out["drafters"][spec] = {"costs": costs.source if costs else None,
                                  "draft_ms_per_token": costs.draft_ms if costs else None,
                                  "replays": [r.to_json() for r in rows], "oracle": oracle.to_json(),

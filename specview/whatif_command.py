@@ -9,8 +9,10 @@ from rich.console import Console
 from rich.table import Table
 
 from specview.documents import load as load_document
+from specview.drafters.specs import split_specs
 from specview.errors import SpecviewError
 from specview.events import fmt
+from specview.treeshape import split_tree
 from specview.whatif import ORACLE, Replay, load_dists, plain, whatif_document
 
 DEFAULT_KS = (1, 2, 3, 4, 6, 8)
@@ -29,7 +31,10 @@ def build_whatif_parser():
     p.add_argument("-K", "--k", default=None, metavar="K[,K..]", help=f"K values (default {','.join(map(str, DEFAULT_KS))} and the profile's)")
     p.add_argument("--draft-policy", "--policy", dest="policies", default="fixed", metavar="POLICY[,..]",
                    help="fixed, p-min=X, heuristic, goodput, or a list (default fixed)")
-    p.add_argument("--drafter", default=None, metavar="SPEC[,..]", help="recorded drafters to replay (default all)")
+    p.add_argument("--drafter", default=None, metavar="SPEC[,..]",
+                   help="recorded drafters to replay (default all); at greedy, a recorded model drafter with a suffix "
+                        "';tree:b=2,d=4,w=1[,min=P][,nodes=N]' replays that token tree: the chain with siblings beside "
+                        "its nodes (quote the ';')")
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON (specview.whatif/1)")
     p.add_argument("--no-plot", action="store_true", help="no terminal plot")
     return p
@@ -120,10 +125,11 @@ def whatif_command(args) -> int:
 
     policies = [parse_policy(p) for p in args.policies.split(",") if p.strip()]
     recorded_specs = list(dists["runs"][0]["drafters"]) if dists["runs"] else []
-    drafters = [d.strip() for d in args.drafter.split(",")] if args.drafter else recorded_specs
+    drafters = split_specs(args.drafter) if args.drafter else recorded_specs  # a tree's options hold commas
     for d in drafters:
-        if d not in recorded_specs:
-            raise SpecviewError(f"--drafter {d}: not recorded in {dists_path} (recorded: {', '.join(recorded_specs)})")
+        if d not in recorded_specs and split_tree(d)[0] not in recorded_specs:
+            raise SpecviewError(f"--drafter {d}: not recorded in {dists_path} (recorded: {', '.join(recorded_specs)}; "
+                                "a recorded drafter with a ';tree:...,w=1' suffix replays a tree)")
     doc = whatif_document(profile, dists, ks, policies, drafters)
     console = Console(highlight=False)
     if not console.is_terminal:

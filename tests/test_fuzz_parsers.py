@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 
 from specview.drafters.layerskip import parse_skip
 from specview.drafters.ngram import parse_ngram_options
-from specview.drafters.specs import kind, split_specs, split_tree
+from specview.drafters.specs import kind, split_specs
 from specview.errors import SpecviewError
 from specview.eval.prompts import load_prompts, parse_jsonl, parse_lines
 from specview.models import parse_spec
 from specview.placement import parse_max_memory, placement
 from specview.text import text_problem
+from specview.treeshape import split_tree
 
 LAYERS = 6  # the skip sets are checked against a model of this many decoder layers
 

@@ -13,12 +13,13 @@ import specview.engine as engine
 from specview import compiler, fastdecode, kernels, trees
 from specview.drafters.model import ModelDrafter
 from specview.drafters.ngram import NgramDrafter
-from specview.drafters.specs import kind, split_specs, split_tree
+from specview.drafters.specs import kind, split_specs
 from specview.drafters.tree import TreeDrafter
 from specview.engine import Decoder
 from specview.errors import SpecviewError
 from specview.kvcache import keep_rows, new_cache
 from specview.settings import SamplingConfig
+from specview.treeshape import split_tree
 
 PROMPT = [1, 5, 9, 11]
 SMALL = [1, 5, 3, 6]  # a prompt for the vocabulary-8 pairs

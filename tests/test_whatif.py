@@ -22,11 +22,14 @@ from helpers import run_cli
 from specview import machine
 from specview.drafters.model import ModelDrafter
 from specview.drafters.ngram import NgramDrafter
+from specview.drafters.tree import TreeDrafter
+from specview.errors import SpecviewError
 from specview.engine import Decoder
 from specview.metrics import CostCurve, CostModel, best_k, fit_cost_curve
 from specview.models import load_pair
 from specview.settings import SamplingConfig
-from specview.whatif import ORACLE, StepCosts, Track, load_dists, replay, replay_track
+from specview.treeshape import split_tree
+from specview.whatif import ORACLE, StepCosts, Track, load_dists, replay, replay_track, tree_shape
 from specview.whatif import Replay as ReplayFigures
 
 # --- the replay's arithmetic against enumeration --------------------------------------------------------
@@ -233,6 +236,47 @@ def test_greedy_replay_predicts_every_actual_run(recorded, agreeing_pair):
     assert seen_rejection
 
 
+@pytest.mark.parametrize("options", ["tree:b=2,d=3,w=1", "tree:b=3,w=1,min=0.05", "tree:nodes=4,b=2,d=4,w=1"])
+def test_greedy_tree_replay_predicts_the_actual_tree_run(recorded, agreeing_pair, options):
+    """A w=1 tree replayed over the chain's record (siblings: the draft's next likeliest tokens where the chain's
+    node was rejected) gives the steps, drafts, acceptances and nodes of the engine's own tree run."""
+    dists = load_dists(recorded[: -len(".json")] + ".dists.json.gz")
+    run = dists["runs"][0]
+    target, draft = load_pair(*agreeing_pair, torch.device("cpu"))
+    spec = f"{agreeing_pair[1]};{options}"
+    drafter = TreeDrafter(ModelDrafter(draft), split_tree(spec)[1], spec)
+    steps = list(Decoder(target, drafter, SamplingConfig(temperature=0.0), k=3, ignore_eos=True)
+                 .generate(run["prompt_ids"], 40))
+    assert [t for s in steps for t in s.emitted] == run["tokens"]
+    got = replay(dists, spec, 3)
+    assert (got.steps, got.tokens) == (len(steps), 40), options
+    assert (got.drafted, got.accepted) == (sum(len(s.drafted) for s in steps), sum(s.accepted for s in steps))
+    assert got.nodes == sum(len(s.tree["tokens"]) if s.tree else len(s.drafted) for s in steps)
+    hist = [0] * (got.k + 2)
+    for s in steps:
+        if s.drafted:
+            hist[s.accepted] += 1
+    assert got.histogram == hist[: len(got.histogram)]
+    saved = [s for s in steps if s.tree and s.tree["path"] and s.tree["path"][-1] not in
+             [j for j, parent in enumerate(s.tree["parents"]) if s.tree["parents"].index(parent) == j]]
+    if options == "tree:b=2,d=3,w=1":
+        assert saved, "some step must accept a sibling, or the replay's siblings are untested"
+        chain = replay(dists, agreeing_pair[1], 3)
+        assert got.tokens_per_step > chain.tokens_per_step
+
+
+def test_tree_replay_refuses_what_the_record_cannot_decide(recorded, agreeing_pair):
+    dists = load_dists(recorded[: -len(".json")] + ".dists.json.gz")
+    d = agreeing_pair[1]
+    assert tree_shape(dists, d) is None and tree_shape(dists, f"{d};tree:b=2,w=1").width() == 1
+    for spec, why in ((f"{d};tree:b=2,d=3", "w=1"), (f"{d};tree:nodes=6", "w=1"), ("ngram;tree:b=2", "model drafter"),
+                      ("other;tree:w=1", "not recorded")):
+        with pytest.raises(SpecviewError, match=why):
+            tree_shape(dists, spec)
+    with pytest.raises(SpecviewError, match="greedy"):
+        tree_shape({**dists, "greedy": False}, f"{d};tree:b=2,w=1")
+
+
 def test_whatif_and_calibrate_commands(recorded, agreeing_pair, tmp_path, capsys):
     out = tmp_path / "w.json"
     code, stdout, _ = run_cli(capsys, "whatif", recorded, "-K", "1,3", "--draft-policy", "fixed,heuristic",
@@ -247,6 +291,15 @@ def test_whatif_and_calibrate_commands(recorded, agreeing_pair, tmp_path, capsys
     assert own["tokens_per_step"] == pytest.approx(doc["recorded"]["tokens_per_step"])
     code, _, err = run_cli(capsys, "whatif", recorded, "-K", "0")
     assert code == 2 and len(err.strip().splitlines()) == 1
+    tree = f"{agreeing_pair[1]};tree:b=2,d=3,w=1"
+    code, stdout, _ = run_cli(capsys, "whatif", recorded, "--drafter", f"{agreeing_pair[1]},{tree}",
+                              "--json", str(out), "--no-plot")
+    assert code == 0 and "tree:b=2,d=3,w=1" in stdout
+    doc = json.loads(out.read_text())
+    assert [r["k"] for r in doc["drafters"][tree]["replays"]] == [3]  # d=3: the depth, whatever K
+    assert doc["drafters"][tree]["replays"][0]["nodes_per_step"] > doc["drafters"][agreeing_pair[1]]["replays"][0]["nodes_per_step"]
+    code, _, err = run_cli(capsys, "whatif", recorded, "--drafter", f"{agreeing_pair[1]};tree:b=2,d=3", "--no-plot")
+    assert code == 2 and "w=1" in err and len(err.strip().splitlines()) == 1
     bare = tmp_path / "bare.json"
     bare.write_text(open(recorded).read())
     code, _, err = run_cli(capsys, "whatif", str(bare))

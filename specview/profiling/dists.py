@@ -102,7 +102,8 @@ def run_dists(session, prompt_ids: list[int], generated: list[int], steps: list[
             q = q[:, : p.shape[-1]] if q.shape[-1] >= p.shape[-1] else torch.nn.functional.pad(q, (0, p.shape[-1] - q.shape[-1]))
             out["drafters"][d.spec] = {"kind": "model", **_top(q), "argmax": q.argmax(dim=-1).tolist(),
                                        "overlap": [round(x, DIGITS) for x in torch.minimum(p, q).sum(-1).tolist()]}
-            if steps and d is session.drafters[0] and session.settings.sampling.greedy:
+            # A tree's step records its spine, whose last node may be a sibling: no verdict of the draft's argmax.
+            if steps and d is session.drafters[0] and session.settings.sampling.greedy and getattr(d, "shape", None) is None:
                 out["drafters"][d.spec]["verdicts"] = verdicts(steps, len(prompt_ids), len(generated))
         else:
             out["drafters"][d.spec] = {"kind": "lookup", **lookup_blocks(session, d, prompt_ids, generated, p)}
