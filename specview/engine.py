@@ -272,12 +272,14 @@ class Run:
         result = self._emit(decision, proposal)
         with timer.phase("cache"):
             keep = len(self.tokens) - 1
+            path = decision.path[: keep - base]
             if tree is not None:  # the accepted path's rows move up to follow the text; the rest goes
-                path = decision.path[: keep - base]
                 keep_rows(self.target_cache, base, path)
-                if proposal.draft_rows is not None:  # the draft's cache too, as far as it fed the path
-                    rows = list(itertools.takewhile(lambda row: row >= 0, (proposal.draft_rows[j] for j in path)))
-                    drafter.keep_rows(self._state(drafter), base, rows)
+            if proposal is not None and proposal.draft_rows is not None:
+                # The draft's cache too, as far as it fed the path: also when a nodes= cut left a chain whose
+                # levels were fed beside siblings (keep_rows only crops rows already in place).
+                rows = list(itertools.takewhile(lambda row: row >= 0, (proposal.draft_rows[j] for j in path)))
+                drafter.keep_rows(self._state(drafter), base, rows)
             crop_cache(self.target_cache, keep)
             if proposal is not None:  # only the drafter that drafted can be past `keep`
                 drafter.rollback(self._state(drafter), keep)

@@ -3,6 +3,7 @@ it, whatif.py replays it. No torch here, so a replay or a refused spec loads non
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from specview.errors import SpecviewError, quoted
@@ -47,7 +48,7 @@ def split_tree(spec: str) -> tuple[str, TreeShape | None]:
         return spec, None
     name, _, options = rest.partition(":")
     if name != "tree" or not base:
-        raise SpecviewError(f"--draft {quoted(spec)}: after ';' only tree[:b=N,d=N] or tree:nodes=N (a token tree)")
+        raise SpecviewError(f"--draft {quoted(spec)}: after ';' only tree[:b=N,d=N,w=N,min=P] or tree:nodes=N (a token tree)")
     values: dict[str, int | float] = {}
     for item in filter(None, options.split(",")):
         key, eq, text = item.partition("=")
@@ -69,11 +70,9 @@ def split_tree(spec: str) -> tuple[str, TreeShape | None]:
 
 
 def _probability(spec: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 < value < 1.0:  # also refuses nan and inf
+    # ASCII digits only, as for the integers: float() would also take "٠.١", "0.1_0", "nan" and "1e-2"
+    value = float(text) if re.fullmatch(r"[0-9]{0,6}\.?[0-9]{1,9}", text) else -1.0
+    if not 0.0 < value < 1.0:
         raise SpecviewError(f"--draft {quoted(spec)}: tree min must be a probability between 0 and 1, e.g. min=0.1, "
                             f"got {quoted(text)}")
     return value

@@ -303,7 +303,7 @@ def replay(dists: dict, drafter: str, k: int, policy: str = "fixed", costs: Step
         policy = parse_policy(policy)
     out = Replay(drafter, policy, k)
     greedy = bool(dists.get("greedy"))
-    shape = tree_shape(dists, drafter)
+    shape = tree_shape(dists, drafter, strict=not _recorded(dists, drafter))
     if shape is not None:
         base = drafter if _recorded(dists, drafter) else split_tree(drafter)[0]
         for run in dists["runs"]:
@@ -321,13 +321,17 @@ def _recorded(dists: dict, spec: str) -> bool:
     return bool(dists["runs"]) and spec in (dists["runs"][0].get("drafters") or {})
 
 
-def tree_shape(dists: dict, spec: str) -> TreeShape | None:
+def tree_shape(dists: dict, spec: str, strict: bool = True) -> TreeShape | None:
     """The tree a `DRAFTER;tree:...` spec drafts over a recorded DRAFTER (None for a chain), or SpecviewError for a
-    tree the record cannot replay. It replays exactly the trees whose every node's outcome the record decides:
-    greedy, one node expanded per level (w=1: the chain with up to b - 1 siblings beside each of its nodes,
-    each a leaf). A sibling is accepted when it is the target's token where the chain's node was rejected; the
-    draft's top tokens at each emitted position are its siblings. A wider tree's nodes below a sibling would
-    need the draft's distributions off the emitted text, which --record-dists does not keep."""
+    tree the record cannot replay (`strict=False`, for a drafter that ran as a tree and was recorded: None, and it
+    is replayed as the chain the record holds, as before trees were replayed). It replays the trees whose every
+    verdict the record decides: greedy, one node expanded per level (w=1: the chain with up to b - 1 siblings
+    beside each of its nodes, each a leaf). A sibling is accepted when it is the target's token where the chain's
+    node was rejected; the draft's top tokens at each emitted position are its siblings. A wider tree's nodes
+    below a sibling would need the draft's distributions off the emitted text, which --record-dists does not
+    keep, and so would `nodes=`: its cut ranks the levels below a rejection, whose drafted tokens the record
+    does not hold. (With `min=` the verdicts are exact and so are the tokens; the siblings counted below the
+    first rejected level, rows that cost time and decide nothing, come from the text's distributions.)"""
     base, shape = split_tree(spec)
     if shape is None:
         return None
@@ -339,16 +343,22 @@ def tree_shape(dists: dict, spec: str) -> TreeShape | None:
                if not dists.get("greedy") else
                "only trees of w=1 are replayed (the nodes below a sibling need the draft off the emitted text)"
                if shape.width() != 1 else
+               "a tree with nodes= is not replayed (its cut ranks nodes below a rejection, off the emitted text)"
+               if shape.nodes else
                f"b={shape.b} needs the draft's top {shape.b} tokens (recorded: {len(_first_top(recorded, base, spec))})"
                if shape.b > len(_first_top(recorded, base, spec)) else None)
     if problem:
+        if not strict:
+            return None
         raise SpecviewError(f"--drafter {spec}: {problem}")
     return shape
 
 
 def _first_top(recorded: dict, base: str, spec: str) -> list:
+    """The draft's top tokens at the first recorded position (as many at every position; a vocabulary smaller
+    than the recorded 8 keeps fewer). An empty run: unknown, taken as enough."""
     entry = recorded.get(base) or recorded.get(spec) or {}
-    return (entry.get("top_ids") or [[]])[0]
+    return (entry.get("top_ids") or [[None] * 8])[0]
 
 
 def replay_tree_track(track: Track, shape: TreeShape, k: int, costs: StepCosts | None, max_new_tokens: int | None,
@@ -363,8 +373,7 @@ def replay_tree_track(track: Track, shape: TreeShape, k: int, costs: StepCosts |
     while t < n_tokens:
         depth = max(min(shape.depth(k), cap - t - 1, track.available(t)), 0)
         nodes = _tree_nodes(track, shape, t, depth)  # [(level, token, score)], levels 0..depth-1, spine first
-        spine = sorted((lvl for lvl, rank, _ in nodes if rank == 0))
-        reach = len(spine)  # the spine may be shorter than depth when a node budget cut it
+        reach = sum(rank == 0 for _, rank, _ in nodes)  # the chain of first children: every level (no nodes= cut)
         j = next((i for i in range(reach) if not track.matched(t, i)), reach)
         sibling = j < reach and any(lvl == j and rank > 0 and tok == track.tokens[t + j]
                                     for lvl, rank, tok in _node_tokens(track, t, nodes))
@@ -373,7 +382,7 @@ def replay_tree_track(track: Track, shape: TreeShape, k: int, costs: StepCosts |
         out.drafted += drafted
         out.nodes += len(nodes)
         out.accepted += accepted
-        out.rejections += accepted < drafted
+        out.rejections += sibling or accepted < drafted  # a sibling accepted: its chain node was rejected
         for lst in (out.per_position_drafted, out.per_position_reached, out.per_position_accepted):
             _grow(lst, drafted)
         for i in range(drafted):
@@ -383,16 +392,16 @@ def replay_tree_track(track: Track, shape: TreeShape, k: int, costs: StepCosts |
         if drafted:
             _grow(out.histogram, accepted + 1)
             out.histogram[accepted] += 1
-        step_ms = costs.tree_step_ms(reach, len(nodes)) if costs is not None else None
+        step_ms = costs.tree_step_ms(depth, len(nodes)) if costs is not None else None
         if step_ms is None:
             out.ms = out.forward_ms = out.lost_drafts_ms = out.lost_rows_ms = out.overhead_ms = None
         elif out.ms is not None:
-            forward = reach * costs.draft_ms + costs.curve.target_ms(len(nodes) + 1)
+            forward = depth * costs.draft_ms + costs.curve.target_ms(len(nodes) + 1)
             out.ms += step_ms
             out.forward_ms += forward
-            out.lost_drafts_ms += max(reach - accepted, 0) * costs.draft_ms
+            out.lost_drafts_ms += max(depth - accepted, 0) * costs.draft_ms
             out.lost_rows_ms += costs.curve.target_ms(len(nodes) + 1) - costs.curve.target_ms(accepted + 1)
-            out.overhead_ms += costs.overhead(reach)
+            out.overhead_ms += costs.overhead(depth)
         t += accepted + 1
     if costs is not None and costs.draft_ms is not None:
         one = costs.curve.target_ms(1)
@@ -402,7 +411,7 @@ def replay_tree_track(track: Track, shape: TreeShape, k: int, costs: StepCosts |
 
 def _tree_nodes(track: Track, shape: TreeShape, t: int, depth: int) -> list[tuple[int, int, float]]:
     """The nodes drafters/tree.py drafts from t with w=1, as (level, rank among its siblings, path probability),
-    in its order (level by level, each level's children likeliest first), cut to `nodes` as it cuts them."""
+    in its order (level by level, each level's children likeliest first)."""
     out, above = [], 1.0
     for level in range(depth):
         probs = track.top_probs[t + level][: shape.b]
@@ -412,9 +421,6 @@ def _tree_nodes(track: Track, shape: TreeShape, t: int, depth: int) -> list[tupl
                 break
             out.append((level, rank, score))
         above *= probs[0]
-    if shape.nodes and len(out) > shape.nodes:
-        kept = sorted(range(len(out)), key=lambda i: (-out[i][2], i))[: shape.nodes]
-        out = [out[i] for i in sorted(kept)]
     return out
 
 
@@ -463,7 +469,7 @@ def whatif_document(profile: dict, dists: dict, ks: list[int], policies: list[st
            "cpu": meta.get("cpu"), "threads": meta.get("threads"), "tokens": sum(len(r["tokens"]) for r in dists["runs"]),
            "cost_curve": curve.to_json() if curve else None, "recorded": recorded(profile), "drafters": {}}
     for spec in drafters:
-        shape = tree_shape(dists, spec)
+        shape = tree_shape(dists, spec, strict=not _recorded(dists, spec))
         # A tree replays over its base drafter's record and costs (w=1 drafts one row per level, as a chain does).
         base = spec if shape is None or _recorded(dists, spec) else split_tree(spec)[0]
         costs = step_costs(profile, base, curve)

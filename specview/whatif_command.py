@@ -71,14 +71,14 @@ def parse_ks(text: str | None, profile_k) -> list[int]:
 def table(spec: str, entry: dict) -> Table:
     t = Table(title=f"drafter {spec} · costs from {entry['costs'] or 'nowhere (no t_ar in the profile)'}",
               title_justify="left")
-    for col in ("policy", "K", "tokens/step", "accept", "drafted/step", "speedup", "forwards only",
+    for col in ("policy", "K", "tokens/step", "accept", "drafted/step", "nodes/step", "speedup", "forwards only",
                 "lost: drafts", "rows", "overhead ms/step"):
         t.add_column(col, justify="left" if col == "policy" else "right")
     for r in entry["_objects"]:
         lost = r.to_json()["lost_ms_per_step"]
         t.add_row(r.policy + ("" if r.exact else " ~"), str(r.k) if r.policy != ORACLE else f"<={r.k}",
                   fmt(r.tokens_per_step), fmt(r.acceptance_rate, "{:.1%}"), fmt(r.drafted / r.steps if r.steps else None),
-                  fmt(r.speedup, "{:.2f}x"), fmt(r.theoretical_speedup, "{:.2f}x"),
+                  fmt(r.nodes / r.steps if r.steps else None), fmt(r.speedup, "{:.2f}x"), fmt(r.theoretical_speedup, "{:.2f}x"),
                   fmt(lost["drafts_thrown_away"], "{:.1f}"), fmt(lost["verify_rows_wasted"], "{:.1f}"),
                   fmt(lost["overhead_outside_forwards"], "{:.1f}"),
                   style="dim" if r.policy == ORACLE else None)

@@ -235,12 +235,13 @@ def test_tree_specs_parse_and_refuse():
     assert split_tree("x;tree:nodes=16")[1].size(8) == 16 and kind("ngram:max=3;tree:b=4") == "ngram"
     assert split_tree("x;tree:b=2,d=4,w=1")[1].size(4) == 8 and split_tree("x;tree:b=3,d=3,w=2")[1].size(3) == 3 + 6 + 6
     assert split_tree("x;tree:nodes=40,b=2,d=6")[1].size(6) == 2 + 4 + 4 + 4 + 4 + 4  # dynamic: w defaults to b
-    assert split_tree("x;tree:b=2,w=1,min=0.05")[1].min == 0.05
+    assert split_tree("x;tree:b=2,w=1,min=0.05")[1].min == 0.05 and split_tree("x;tree:min=.5")[1].min == 0.5
     assert split_tree("gpt2") == ("gpt2", None) and kind("self:skip=1-3;tree") == "self"
     # "²" and "٣" are digits to str.isdigit() but not to int(), nor are 5000 of them: these were tracebacks
     for bad in ("x;tree:b=0", "x;tree:b=99", "x;tree:q=1", "x;forest", ";tree", "ngram;tree:d=3", "x;tree:b=2,b=3",
                 "x;tree:b=²", "x;tree:d=٣", "x;tree:w=0", "ngram;tree:w=1", "x;tree:min=0", "x;tree:min=1", "x;tree:min=nan",
-                "x;tree:min=-0.5", "x;tree:min=.5,min=.2", "ngram;tree:min=0.1", "x;tree:nodes=" + "1" * 5000, "x;tree:nodes=" + "0" * 5000 + "129"):
+                "x;tree:min=-0.5", "x;tree:min=.5,min=.2", "ngram;tree:min=0.1",
+                "x;tree:min=٠.١", "x;tree:min=0.1_0", "x;tree:min=1e-2", "x;tree:min=inf", "x;tree:nodes=" + "1" * 5000, "x;tree:nodes=" + "0" * 5000 + "129"):
         with pytest.raises(SpecviewError, match="--draft"):
             kind(bad)
 

@@ -23,8 +23,8 @@ from specview import machine
 from specview.drafters.model import ModelDrafter
 from specview.drafters.ngram import NgramDrafter
 from specview.drafters.tree import TreeDrafter
-from specview.errors import SpecviewError
 from specview.engine import Decoder
+from specview.errors import SpecviewError
 from specview.metrics import CostCurve, CostModel, best_k, fit_cost_curve
 from specview.models import load_pair
 from specview.settings import SamplingConfig
@@ -236,7 +236,7 @@ def test_greedy_replay_predicts_every_actual_run(recorded, agreeing_pair):
     assert seen_rejection
 
 
-@pytest.mark.parametrize("options", ["tree:b=2,d=3,w=1", "tree:b=3,w=1,min=0.05", "tree:nodes=4,b=2,d=4,w=1"])
+@pytest.mark.parametrize("options", ["tree:b=2,d=3,w=1", "tree:b=4,d=2,w=1", "tree:b=3,w=1,min=0.05"])
 def test_greedy_tree_replay_predicts_the_actual_tree_run(recorded, agreeing_pair, options):
     """A w=1 tree replayed over the chain's record (siblings: the draft's next likeliest tokens where the chain's
     node was rejected) gives the steps, drafts, acceptances and nodes of the engine's own tree run."""
@@ -251,7 +251,9 @@ def test_greedy_tree_replay_predicts_the_actual_tree_run(recorded, agreeing_pair
     got = replay(dists, spec, 3)
     assert (got.steps, got.tokens) == (len(steps), 40), options
     assert (got.drafted, got.accepted) == (sum(len(s.drafted) for s in steps), sum(s.accepted for s in steps))
-    assert got.nodes == sum(len(s.tree["tokens"]) if s.tree else len(s.drafted) for s in steps)
+    assert got.rejections == sum(s.rejected_at is not None for s in steps)
+    if "min" not in options:  # min=: the siblings counted below a rejection come from the text's distributions
+        assert got.nodes == sum(len(s.tree["tokens"]) if s.tree else len(s.drafted) for s in steps)
     hist = [0] * (got.k + 2)
     for s in steps:
         if s.drafted:
@@ -270,11 +272,16 @@ def test_tree_replay_refuses_what_the_record_cannot_decide(recorded, agreeing_pa
     d = agreeing_pair[1]
     assert tree_shape(dists, d) is None and tree_shape(dists, f"{d};tree:b=2,w=1").width() == 1
     for spec, why in ((f"{d};tree:b=2,d=3", "w=1"), (f"{d};tree:nodes=6", "w=1"), ("ngram;tree:b=2", "model drafter"),
-                      ("other;tree:w=1", "not recorded")):
+                      ("other;tree:w=1", "not recorded"), (f"{d};tree:nodes=4,b=2,w=1", "nodes=")):
         with pytest.raises(SpecviewError, match=why):
             tree_shape(dists, spec)
     with pytest.raises(SpecviewError, match="greedy"):
         tree_shape({**dists, "greedy": False}, f"{d};tree:b=2,w=1")
+    # A tree drafter that ran and was recorded under its own spec: replayed as the chain it recorded, not refused
+    # (whatif's defaults and the TUI's w key replay every recorded drafter).
+    ran = {**dists, "runs": [{**r, "drafters": {f"{d};tree:b=2,d=3": r["drafters"][d]}} for r in dists["runs"]]}
+    assert tree_shape(ran, f"{d};tree:b=2,d=3", strict=False) is None
+    assert replay(ran, f"{d};tree:b=2,d=3", 3).tokens_per_step == replay(dists, d, 3).tokens_per_step
 
 
 def test_whatif_and_calibrate_commands(recorded, agreeing_pair, tmp_path, capsys):
