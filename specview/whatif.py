@@ -372,12 +372,10 @@ def replay_tree_track(track: Track, shape: TreeShape, k: int, costs: StepCosts |
     t = 0
     while t < n_tokens:
         depth = max(min(shape.depth(k), cap - t - 1, track.available(t)), 0)
-        nodes = _tree_nodes(track, shape, t, depth)  # [(level, token, score)], levels 0..depth-1, spine first
-        reach = sum(rank == 0 for _, rank, _ in nodes)  # the chain of first children: every level (no nodes= cut)
-        j = next((i for i in range(reach) if not track.matched(t, i)), reach)
-        sibling = j < reach and any(lvl == j and rank > 0 and tok == track.tokens[t + j]
-                                    for lvl, rank, tok in _node_tokens(track, t, nodes))
-        accepted, drafted = (j + 1, j + 1) if sibling else (j, reach)
+        nodes = _tree_nodes(track, shape, t, depth)  # (level, rank among its siblings, token); rank 0: the chain
+        j = next((i for i in range(depth) if not track.matched(t, i)), depth)  # the chain's first rejected level
+        sibling = j < depth and any(level == j and rank and token == track.tokens[t + j] for level, rank, token in nodes)
+        accepted, drafted = (j + 1, j + 1) if sibling else (j, depth)
         out.steps += 1
         out.drafted += drafted
         out.nodes += len(nodes)
@@ -409,24 +407,19 @@ def replay_tree_track(track: Track, shape: TreeShape, k: int, costs: StepCosts |
         out.ar_forward_ms = (out.ar_forward_ms or 0.0) + n_tokens * one
 
 
-def _tree_nodes(track: Track, shape: TreeShape, t: int, depth: int) -> list[tuple[int, int, float]]:
-    """The nodes drafters/tree.py drafts from t with w=1, as (level, rank among its siblings, path probability),
-    in its order (level by level, each level's children likeliest first)."""
+def _tree_nodes(track: Track, shape: TreeShape, t: int, depth: int) -> list[tuple[int, int, int]]:
+    """The nodes drafters/tree.py drafts from t with w=1, as (level, rank among its siblings, token: the draft's
+    rank-th likeliest at t + level), in its order: level by level, each level's children likeliest first, a later
+    sibling only when its path probability (the chain's top probabilities above it, times its own) reaches min."""
     out, above = [], 1.0
     for level in range(depth):
         probs = track.top_probs[t + level][: shape.b]
         for rank, prob in enumerate(probs):
-            score = prob * above
-            if rank and shape.min and score < shape.min:
+            if rank and shape.min and prob * above < shape.min:
                 break
-            out.append((level, rank, score))
+            out.append((level, rank, track.top_ids[t + level][rank]))
         above *= probs[0]
     return out
-
-
-def _node_tokens(track: Track, t: int, nodes: list) -> list[tuple[int, int, int]]:
-    """(level, rank, token) of each node: the draft's rank-th likeliest token at position t + level."""
-    return [(lvl, rank, track.top_ids[t + lvl][rank]) for lvl, rank, _ in nodes]
 
 
 def step_costs(profile: dict, drafter: str, curve: CostCurve | None) -> StepCosts | None:
