@@ -15,6 +15,13 @@ os.environ["SPECVIEW_AOT"] = "0"
 # tests never read or fill the user's ~/.cache/specview (the bundled model is converted once per session).
 os.environ["SPECVIEW_CACHE_DIR"] = tempfile.mkdtemp(prefix="specview-test-cache-")
 atexit.register(shutil.rmtree, os.environ["SPECVIEW_CACHE_DIR"], True)
+# Except thinmm's C++ library (~30 s of compiling): the workers of a session, and the sessions of a checkout, share
+# one build folder (build/, ignored by git). Its builds are flock'ed and moved into place whole, and a library's name
+# carries its sources' hash and flags, so a changed kernel is built again. The tests of building (test_thinmm.py)
+# give their subprocesses cache folders of their own.
+_KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "test-thinmm")
+os.makedirs(_KERNELS, exist_ok=True)
+os.symlink(_KERNELS, os.path.join(os.environ["SPECVIEW_CACHE_DIR"], "thinmm"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

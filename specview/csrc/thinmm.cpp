@@ -15,9 +15,14 @@
 // lanes. Each output is summed in the order k = 0, 1, .. whatever M is, so a row's result does not depend on
 // the rows beside it (bit for bit). The same layers, 2 threads, one interleaved run: 1 / 5 / 9 / 17 rows in
 // 18.6 / 22.5 / 25.8 / 31.3 ms, the row-major form 21.2 / 24.0 / 28.8 / 36.5, F.linear 19.5 / 34.7 / 42.0 / 45.1.
+// The operators used, one header each (not ATen/ATen.h, which parses all of them: the build takes half as long).
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/cat.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
-#include <ATen/ATen.h>
 #include <immintrin.h>
 
 #include <algorithm>

@@ -18,9 +18,12 @@
 // one load; its codes become numbers once (decode) and meet every input row (mac). Group sums are scaled into
 // the output at group ends. More rows than MAX_M go through in groups of MAX_M over each block while its codes are
 // in cache (1 to 64 rows measured: as fast as torch's kernel or faster, 0.7x its time for one row).
+// The operators used, one header each (not ATen/ATen.h, which parses all of them: the build takes half as long).
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
-#include <ATen/ATen.h>
 #include <immintrin.h>
 
 #include <cstring>

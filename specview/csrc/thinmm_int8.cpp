@@ -11,9 +11,12 @@
 // Layout: codes int8 [N, K] as the weight's rows, scales float32 [N, K / 32]. How: R output rows at a time, a
 // block of 32 codes per row turned into floats once and met by up to MAX_M input rows, the block's sum scaled by
 // d into a per-(row, input) accumulator; one horizontal sum per output at the end.
+// The operators used, one header each (not ATen/ATen.h, which parses all of them: the build takes half as long).
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
-#include <ATen/ATen.h>
 #include <immintrin.h>
 
 #include <algorithm>

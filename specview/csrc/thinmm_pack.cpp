@@ -5,7 +5,10 @@
 // codes uint8 [N, K] (0..15) -> uint8 [N/16, K/8, 64]: for output row r = 16 b + i and the 8 features from 8 g,
 // bytes 4 i .. 4 i + 3 of chunk [b, g] are c0 | c2 << 4, c4 | c6 << 4, c1 | c3 << 4, c5 | c7 << 4 (c_j: the code of
 // feature 8 g + j), i.e. the even features' codes in the word's low 16 bits and the odd ones' in its high 16.
-#include <ATen/ATen.h>
+// The operators used, one header each (not ATen/ATen.h, which parses all of them: the build takes half as long).
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
