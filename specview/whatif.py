@@ -104,20 +104,19 @@ class StepCosts:
     overhead_ms: float = 0.0  # per step, outside the two forwards (sampling, cache, bookkeeping)
     source: str = ""
 
-    def step_ms(self, n: int) -> float | None:
+    def step_ms(self, n: int, nodes: int | None = None) -> float | None:
+        """n draft forwards and a verify of 1 + nodes rows (a chain: its n drafts; a w=1 tree: every node, its
+        draft forwards one row per level as a chain's)."""
         if self.draft_ms is None:
             return None
-        return n * self.draft_ms + self.curve.target_ms(n + 1) + self.overhead(n)
+        return self.forward_ms(n, n if nodes is None else nodes) + self.overhead(n)
+
+    def forward_ms(self, n: int, nodes: int) -> float:
+        return n * self.draft_ms + self.curve.target_ms(nodes + 1)
 
     def overhead(self, n: int) -> float:
         """Per step, whatever it drafts (sampling each draft is inside draft_ms)."""
         return self.overhead_ms
-
-    def tree_step_ms(self, depth: int, nodes: int) -> float | None:
-        """A tree of one node fed per level (w=1): the chain's draft forwards, a verify of 1 + nodes rows."""
-        if self.draft_ms is None:
-            return None
-        return depth * self.draft_ms + self.curve.target_ms(nodes + 1) + self.overhead(depth)
 
 
 @dataclass
@@ -246,6 +245,11 @@ def replay_track(track: Track, k: int, policy: str, costs: StepCosts | None, max
                     slot[key] = [mass * prob, new]
                 if hasattr(new, "tried") and 0 < prob < 1:
                     merge_likeliest = True
+    _add_autoregressive(out, n_tokens, costs)
+
+
+def _add_autoregressive(out: Replay, n_tokens: int, costs: StepCosts | None) -> None:
+    """The same tokens autoregressively: what the speedup is measured against."""
     if costs is not None and costs.draft_ms is not None:
         one = costs.curve.target_ms(1)
         out.ar_ms = (out.ar_ms or 0.0) + n_tokens * (one + costs.overhead(0))
@@ -275,18 +279,23 @@ def _count(out: Replay, mass: float, n: int, outcomes: list, track: Track, t: in
         if n:
             _grow(out.histogram, j + 1)
             out.histogram[j] += w
-        step_ms = costs.step_ms(n) if costs is not None else None
-        if step_ms is None:
-            out.ms = out.forward_ms = out.lost_drafts_ms = out.lost_rows_ms = out.overhead_ms = None
-            continue
-        if out.ms is None:
-            continue
-        forward = n * costs.draft_ms + costs.curve.target_ms(n + 1)
-        out.ms += w * step_ms
-        out.forward_ms += w * forward
-        out.lost_drafts_ms += w * (n - j) * costs.draft_ms
-        out.lost_rows_ms += w * (costs.curve.target_ms(n + 1) - costs.curve.target_ms(j + 1))
-        out.overhead_ms += w * costs.overhead(n)
+        _add_time(out, w, costs, n, n, j)
+
+
+def _add_time(out: Replay, w: float, costs: StepCosts | None, n: int, nodes: int, j: int) -> None:
+    """A step of n draft forwards verifying `nodes` drafts, j of them accepted, with weight w: its time and where
+    it was lost (no draft cost: no time at all)."""
+    step_ms = costs.step_ms(n, nodes) if costs is not None else None
+    if step_ms is None:
+        out.ms = out.forward_ms = out.lost_drafts_ms = out.lost_rows_ms = out.overhead_ms = None
+        return
+    if out.ms is None:
+        return
+    out.ms += w * step_ms
+    out.forward_ms += w * costs.forward_ms(n, nodes)
+    out.lost_drafts_ms += w * (n - j) * costs.draft_ms
+    out.lost_rows_ms += w * (costs.curve.target_ms(nodes + 1) - costs.curve.target_ms(j + 1))
+    out.overhead_ms += w * costs.overhead(n)
 
 
 def _fake_step(n: int, j: int, costs: StepCosts | None) -> SimpleNamespace:
@@ -303,9 +312,8 @@ def replay(dists: dict, drafter: str, k: int, policy: str = "fixed", costs: Step
         policy = parse_policy(policy)
     out = Replay(drafter, policy, k)
     greedy = bool(dists.get("greedy"))
-    shape = tree_shape(dists, drafter, strict=not _recorded(dists, drafter))
+    shape, base = tree_over(dists, drafter)
     if shape is not None:
-        base = drafter if _recorded(dists, drafter) else split_tree(drafter)[0]
         for run in dists["runs"]:
             replay_tree_track(Track(run, base, greedy), shape, k, costs, dists.get("max_new_tokens"), out)
         return out
@@ -319,6 +327,14 @@ def replay(dists: dict, drafter: str, k: int, policy: str = "fixed", costs: Step
 
 def _recorded(dists: dict, spec: str) -> bool:
     return bool(dists["runs"]) and spec in (dists["runs"][0].get("drafters") or {})
+
+
+def tree_over(dists: dict, spec: str) -> tuple[TreeShape | None, str]:
+    """(the tree `spec` drafts, the recorded drafter it replays over). (None, spec): a chain, or a tree drafter
+    recorded under its own spec whose shape the record cannot replay (replayed as the chain its record holds)."""
+    recorded = _recorded(dists, spec)
+    shape = tree_shape(dists, spec, strict=not recorded)
+    return shape, spec if shape is None or recorded else split_tree(spec)[0]
 
 
 def tree_shape(dists: dict, spec: str, strict: bool = True) -> TreeShape | None:
@@ -336,7 +352,11 @@ def tree_shape(dists: dict, spec: str, strict: bool = True) -> TreeShape | None:
     if shape is None:
         return None
     recorded = (dists["runs"][0].get("drafters") or {}) if dists["runs"] else {}
-    kind = (recorded.get(base) or recorded.get(spec) or {}).get("kind")
+    entry = recorded.get(base) or recorded.get(spec) or {}
+    kind = entry.get("kind")
+    # The draft's top tokens kept per position (as many at every one; a vocabulary under 8 keeps fewer; an empty
+    # run: unknown, taken as enough).
+    top = len((entry.get("top_ids") or [[None] * 8])[0])
     problem = ("its drafter was not recorded" if kind is None else
                "only a model drafter's tree is replayed (a lookup's branches are not recorded)" if kind != "model" else
                "a tree is replayed at greedy only (a sampled sibling's test needs the residual of whole distributions)"
@@ -345,20 +365,12 @@ def tree_shape(dists: dict, spec: str, strict: bool = True) -> TreeShape | None:
                if shape.width() != 1 else
                "a tree with nodes= is not replayed (its cut ranks nodes below a rejection, off the emitted text)"
                if shape.nodes else
-               f"b={shape.b} needs the draft's top {shape.b} tokens (recorded: {len(_first_top(recorded, base, spec))})"
-               if shape.b > len(_first_top(recorded, base, spec)) else None)
+               f"b={shape.b} needs the draft's top {shape.b} tokens (recorded: {top})" if shape.b > top else None)
     if problem:
         if not strict:
             return None
         raise SpecviewError(f"--drafter {spec}: {problem}")
     return shape
-
-
-def _first_top(recorded: dict, base: str, spec: str) -> list:
-    """The draft's top tokens at the first recorded position (as many at every position; a vocabulary smaller
-    than the recorded 8 keeps fewer). An empty run: unknown, taken as enough."""
-    entry = recorded.get(base) or recorded.get(spec) or {}
-    return (entry.get("top_ids") or [[None] * 8])[0]
 
 
 def replay_tree_track(track: Track, shape: TreeShape, k: int, costs: StepCosts | None, max_new_tokens: int | None,
@@ -390,21 +402,9 @@ def replay_tree_track(track: Track, shape: TreeShape, k: int, costs: StepCosts |
         if drafted:
             _grow(out.histogram, accepted + 1)
             out.histogram[accepted] += 1
-        step_ms = costs.tree_step_ms(depth, len(nodes)) if costs is not None else None
-        if step_ms is None:
-            out.ms = out.forward_ms = out.lost_drafts_ms = out.lost_rows_ms = out.overhead_ms = None
-        elif out.ms is not None:
-            forward = depth * costs.draft_ms + costs.curve.target_ms(len(nodes) + 1)
-            out.ms += step_ms
-            out.forward_ms += forward
-            out.lost_drafts_ms += max(depth - accepted, 0) * costs.draft_ms
-            out.lost_rows_ms += costs.curve.target_ms(len(nodes) + 1) - costs.curve.target_ms(accepted + 1)
-            out.overhead_ms += costs.overhead(depth)
+        _add_time(out, 1.0, costs, depth, len(nodes), accepted)  # accepted <= depth: a sibling sits at j < depth
         t += accepted + 1
-    if costs is not None and costs.draft_ms is not None:
-        one = costs.curve.target_ms(1)
-        out.ar_ms = (out.ar_ms or 0.0) + n_tokens * (one + costs.overhead(0))
-        out.ar_forward_ms = (out.ar_forward_ms or 0.0) + n_tokens * one
+    _add_autoregressive(out, n_tokens, costs)
 
 
 def _tree_nodes(track: Track, shape: TreeShape, t: int, depth: int) -> list[tuple[int, int, int]]:
@@ -462,9 +462,8 @@ def whatif_document(profile: dict, dists: dict, ks: list[int], policies: list[st
            "cpu": meta.get("cpu"), "threads": meta.get("threads"), "tokens": sum(len(r["tokens"]) for r in dists["runs"]),
            "cost_curve": curve.to_json() if curve else None, "recorded": recorded(profile), "drafters": {}}
     for spec in drafters:
-        shape = tree_shape(dists, spec, strict=not _recorded(dists, spec))
+        shape, base = tree_over(dists, spec)
         # A tree replays over its base drafter's record and costs (w=1 drafts one row per level, as a chain does).
-        base = spec if shape is None or _recorded(dists, spec) else split_tree(spec)[0]
         costs = step_costs(profile, base, curve)
         if shape is None:
             rows = [replay(dists, spec, k, policy, costs) for policy in policies for k in ks]
