@@ -35,11 +35,12 @@ def tree_drafter(draft, options: str):
     return TreeDrafter(base, split_tree(spec)[1], spec)
 
 
-def path_of(node: int) -> list[int]:
+def ancestry(parents: list[int], node: int) -> list[int]:
+    """The nodes from the root's child down to `node`."""
     out = []
     while node >= 0:
         out.append(node)
-        node = PARENTS[node]
+        node = parents[node]
     return out[::-1]
 
 
@@ -62,14 +63,14 @@ def test_one_forward_over_the_tree_gives_each_path_its_logits(loaded_pair, forwa
         layout = trees.layout(PARENTS, len(PROMPT) - 2, 2, dec.device)  # two fed tokens, the root last
         got = dec.forward(target, cache, PROMPT[-2:] + NODES, tree=layout)
         for j in range(len(NODES)):
-            plain = dec.forward(target, new_cache(target), PROMPT + [NODES[i] for i in path_of(j)])
+            plain = dec.forward(target, new_cache(target), PROMPT + [NODES[i] for i in ancestry(PARENTS, j)])
             torch.testing.assert_close(got[2 + j], plain[-1], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(got[1], plain[len(PROMPT) - 1], atol=1e-4, rtol=1e-4)
         # Keep node 6's path (1, 4, 6): the cache must then be that of the text followed by the path.
-        keep_rows(cache, len(PROMPT), path_of(6))
+        keep_rows(cache, len(PROMPT), ancestry(PARENTS, 6))
         assert cache.get_seq_length() == len(PROMPT) + 3
         after = dec.forward(target, cache, [8])
-        plain = dec.forward(target, new_cache(target), PROMPT + [NODES[i] for i in path_of(6)] + [8])
+        plain = dec.forward(target, new_cache(target), PROMPT + [NODES[i] for i in ancestry(PARENTS, 6)] + [8])
         torch.testing.assert_close(after[-1], plain[-1], atol=1e-4, rtol=1e-4)
     finally:
         fastdecode.uninstall(target.model)
@@ -94,14 +95,6 @@ def test_greedy_tree_equals_greedy_autoregressive(loaded_pair, options):
         assert record["path"] == [] or record["parents"][record["path"][0]] == -1
         assert all(record["parents"][b] == a for a, b in zip(record["path"], record["path"][1:]))
         assert record["r"] is None
-
-
-def ancestry(parents: list[int], node: int) -> list[int]:
-    out = []
-    while node >= 0:
-        out.append(node)
-        node = parents[node]
-    return out[::-1]
 
 
 @pytest.mark.parametrize("options", ["tree:b=2,d=3", "tree:b=2,d=3,w=1", "tree:nodes=5,b=3,d=3,min=0.02"])
