@@ -33,7 +33,7 @@ def build_whatif_parser():
                    help="fixed, p-min=X, heuristic, goodput, or a list (default fixed)")
     p.add_argument("--drafter", default=None, metavar="SPEC[,..]",
                    help="recorded drafters to replay (default all); at greedy, a recorded model drafter with a suffix "
-                        "';tree:b=2,d=4,w=1[,min=P][,nodes=N]' replays that token tree: the chain with siblings beside "
+                        "';tree:b=2,d=4,w=1[,min=P]' replays that token tree: the chain with siblings beside "
                         "its nodes (quote the ';')")
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON (specview.whatif/1)")
     p.add_argument("--no-plot", action="store_true", help="no terminal plot")
