@@ -33,18 +33,18 @@ test: install
 FUZZ_SECONDS ?= 60
 fuzz: install
 	SPECVIEW_FUZZ=long SPECVIEW_FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -q -p no:cacheprovider --timeout 1800 \
-		tests/test_fuzz_api.py tests/test_fuzz_serve_inputs.py tests/test_fuzz_parsers.py \
-		tests/test_fuzz_documents.py tests/test_fuzz_protocol.py
+		tests/fuzz/test_fuzz_api.py tests/fuzz/test_fuzz_serve_inputs.py tests/fuzz/test_fuzz_parsers.py \
+		tests/fuzz/test_fuzz_documents.py tests/fuzz/test_fuzz_protocol.py
 
 # The signal and quit tests STRESS_N times in a row while another process keeps one core busy
 # (stopping must not depend on timing): make stress STRESS_N=30.
 STRESS_N ?= 30
-STRESS_TESTS := tests/test_cli.py::test_signal_mid_step_finishes_the_step_then_stops \
-	tests/test_cli.py::test_real_signal_mid_run_still_ends_cleanly tests/test_tui_command.py tests/test_engine_process.py \
-	tests/test_tui.py::test_every_quit_key_writes_a_profile \
-	tests/test_tui.py::test_quit_during_a_step_in_flight_waits_for_it_and_exits \
-	tests/test_tui.py::test_e_exports_a_profile_and_quit_rewrites_it \
-	tests/test_eval.py::test_a_real_sigint_stops_after_the_current_prompt_then_resumes
+STRESS_TESTS := tests/cli/test_cli.py::test_signal_mid_step_finishes_the_step_then_stops \
+	tests/cli/test_cli.py::test_real_signal_mid_run_still_ends_cleanly tests/tui/test_tui_command.py tests/tui/test_engine_process.py \
+	tests/tui/test_tui.py::test_every_quit_key_writes_a_profile \
+	tests/tui/test_tui.py::test_quit_during_a_step_in_flight_waits_for_it_and_exits \
+	tests/tui/test_tui.py::test_e_exports_a_profile_and_quit_rewrites_it \
+	tests/eval/test_eval.py::test_a_real_sigint_stops_after_the_current_prompt_then_resumes
 stress: install
 	python3 -c "while True: pass" & busy=$$!; log=$$(mktemp); trap "kill $$busy; rm -f $$log" EXIT; \
 	for i in $$(seq $(STRESS_N)); do \

@@ -10,18 +10,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specview import machine
-from specview.drafters.base import context_holders
+from specview.core import host
+from specview.core.errors import SpecviewError
+from specview.core.events import EVENTS_SCHEMA
+from specview.core.policies import first_policy
+from specview.core.prompt_text import text_problem
+from specview.core.settings import Settings
 from specview.drafters.specs import build as build_drafter
 from specview.drafters.specs import kind as drafter_kind
 from specview.drafters.specs import split_specs
-from specview.engine import Decoder
-from specview.errors import SpecviewError
-from specview.models import LoadedModel, check_same_vocab, load_model, resolve_device
-from specview.policies import first_policy
-from specview.settings import Settings
-from specview.text import text_problem
-from specview.timing import PhaseTimer
+from specview.engine.decoder import Decoder
+from specview.engine.drafter import context_holders
+from specview.engine.phase_timer import PhaseTimer
+from specview.models.loader import LoadedModel, check_same_vocab, load_model, resolve_device
 
 
 @dataclass
@@ -33,7 +34,7 @@ class Session:
     device: torch.device
     load_s: float
     notes: list[str] = field(default_factory=list)  # what loading chose and wants said (self:auto's choice)
-    forwards: dict = field(default_factory=dict)  # model spec -> kernels.ForwardChoice.to_json()
+    forwards: dict = field(default_factory=dict)  # model spec -> fast_path.ForwardChoice.to_json()
 
     @property
     def draft(self) -> LoadedModel | None:
@@ -56,7 +57,7 @@ class Session:
     def cost_curve(self):
         """This machine's cost curve for the target (`specview calibrate`), or None."""
         mode = (self.forwards.get(self.settings.target) or {}).get("mode")
-        return machine.cached_curve(machine.cost_key(self.settings.target, torch.get_num_threads(),
+        return host.cached_curve(host.cost_key(self.settings.target, torch.get_num_threads(),
                                                      torch.__version__, mode))
 
     def meta(self) -> dict:
@@ -69,14 +70,14 @@ class Session:
             "versions": {"specview": _version(), "torch": torch.__version__, "transformers": transformers.__version__,
                          "python": platform.python_version()},
             "device": str(self.device),
-            "cpu": machine.cpu_summary(),  # the model name and the ISA flags that decide the kernels
+            "cpu": host.cpu_summary(),  # the model name and the ISA flags that decide the kernels
             "threads": torch.get_num_threads(),
             "target_dtype": str(self.target.dtype).removeprefix("torch."),
             "draft_dtype": str(self.draft.dtype).removeprefix("torch.") if self.draft else None,
             "drafter": ",".join(d.spec for d in self.drafters) or None,  # DESIGN "Drafters": the spec
             "forwards": self.forwards,  # per model: compiled or eager, and the kernel of each piece
-            "cpu_flags": machine.cpu_flags(),
-            "host": platform.node(),  # with cpu: whose cost curve (machine.profile_cost_key) fits this file
+            "cpu_flags": host.cpu_flags(),
+            "host": platform.node(),  # with cpu: whose cost curve (host.profile_cost_key) fits this file
             "prompt_ids": self.prompt_ids,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
@@ -167,10 +168,10 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
 
 
 def prepare_forwards(models: list, mode: str, say: Callable[[str], None]) -> dict:
-    """kernels.prepare for every distinct model (a layer-skip view runs transformers' forward of its own):
+    """fast_path.prepare for every distinct model (a layer-skip view runs transformers' forward of its own):
     spec -> ForwardChoice.to_json(), for the profile's config, --verbose and report."""
-    from specview import kernels
-    from specview.profiling.render import describe_forward
+    from specview.cpu import fast_path
+    from specview.profiling.profile import describe_forward
 
     chosen: dict = {}
     prepared: dict[int, dict] = {}  # by model object: one left out would run transformers' forward unnoticed
@@ -178,8 +179,22 @@ def prepare_forwards(models: list, mode: str, say: Callable[[str], None]) -> dic
         if lm is None or not isinstance(lm.model, torch.nn.Module) or hasattr(lm.model, "new_cache"):
             continue
         if id(lm.model) not in prepared:  # (two specs may name one object: `X` and `X@float32` of a float32 X)
-            prepared[id(lm.model)] = kernels.prepare(lm, mode, say).to_json()
+            prepared[id(lm.model)] = fast_path.prepare(lm, mode, say).to_json()
             say(describe_forward(lm.spec, prepared[id(lm.model)]))
         chosen[lm.spec] = prepared[id(lm.model)]
     return chosen
 
+
+def start_event(session: Session, method: str, num_runs: int, settings: Settings | None = None,
+                prompt_ids: list[int] | None = None) -> dict:
+    """The `start` record; `settings` / `prompt_ids` when they differ from the session's (a served request)."""
+    s = settings or session.settings
+    return {
+        "type": "start", "schema": EVENTS_SCHEMA, "target": s.target,
+        "draft": s.draft if method == "speculative" else None, "method": method, "k": s.k,
+        "drafter": session.drafters[0].spec if method == "speculative" and session.drafters else None,
+        "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed, "num_runs": num_runs,
+        "device": str(session.device), "threads": torch.get_num_threads(),
+        "prompt_ids": session.prompt_ids if prompt_ids is None else prompt_ids,
+        "max_new_tokens": s.max_new_tokens, "prompt": s.prompt,
+    }

@@ -1,23 +1,27 @@
 import atexit
 import os
 import shutil
+import sys
 import tempfile
+
+# The helpers every test imports by name (tiny, helpers, serve_helpers, fuzz_settings) live in tests/support/.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # no test may reach a model hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # --compile auto runs transformers' forward in tests (no inductor build per tiny model shape); the tests of
-# the compiled path ask for it with compile="on" / --compile on (tests/test_compiled.py, test_lossless.py).
+# the compiled path ask for it with compile="on" / --compile on (tests/cpu/test_compiled.py, test_lossless.py).
 os.environ["SPECVIEW_COMPILE"] = "0"
 # The compiled path runs through torch.compile here: an ahead-of-time package costs ~10-25 s to build per
-# function and tiny shape. tests/test_compiled.py builds one model's packages and checks them.
+# function and tiny shape. tests/cpu/test_compiled.py builds one model's packages and checks them.
 os.environ["SPECVIEW_AOT"] = "0"
-# The converted-weights cache (specview/weights_cache.py) of a test session lives in a temp folder:
+# The converted-weights cache (specview/models/gguf_cache.py) of a test session lives in a temp folder:
 # tests never read or fill the user's ~/.cache/specview (the bundled model is converted once per session).
 os.environ["SPECVIEW_CACHE_DIR"] = tempfile.mkdtemp(prefix="specview-test-cache-")
 atexit.register(shutil.rmtree, os.environ["SPECVIEW_CACHE_DIR"], True)
 # Except thinmm's C++ library (~30 s of compiling): the workers of a session, and the sessions of a checkout, share
 # one build folder (build/, ignored by git). Its builds are flock'ed and moved into place whole, and a library's name
-# carries its sources' hash and flags, so a changed kernel is built again. The tests of building (test_thinmm.py)
+# carries its sources' hash and flags, so a changed kernel is built again. The tests of building (test_thin_kernels.py)
 # give their subprocesses cache folders of their own.
 _KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "test-thinmm")
 os.makedirs(_KERNELS, exist_ok=True)
@@ -28,7 +32,7 @@ import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 import tiny  # noqa: E402
-from specview.models import load_pair  # noqa: E402
+from specview.models.loader import load_pair  # noqa: E402
 
 hf_logging.disable_progress_bar()  # save_pretrained's bars would pollute captured stderr
 torch.set_num_threads(1)  # tiny models: threads only add overhead, and the machine is shared

@@ -3,10 +3,10 @@
 import subprocess
 import sys
 
-HEADLESS = ["specview.engine", "specview.sampling", "specview.models", "specview.events", "specview.session",
-            "specview.runner", "specview.cli", "specview.profiling.recorder", "specview.report", "specview.bench.command",
-            "specview.check", "specview.diagnosis", "specview.service", "specview.backend.in_process",
-            "specview.serve.command", "specview.serve.measure", "specview.documents"]
+HEADLESS = ["specview.engine.decoder", "specview.engine.sampling", "specview.models.loader", "specview.core.events", "specview.session",
+            "specview.cli.run", "specview.cli.main", "specview.profiling.recorder", "specview.cli.report", "specview.bench.command",
+            "specview.analysis.check", "specview.analysis.diagnosis", "specview.backend.engine_stream", "specview.backend.in_process",
+            "specview.serve.command", "specview.serve.measure", "specview.core.file_schemas"]
 
 
 def test_headless_modules_do_not_import_textual():
@@ -32,7 +32,7 @@ def test_import_linter_contract_holds():
 
 def test_help_loads_no_torch():
     """`specview [COMMAND] --help` parses before importing a command: no torch, so it is instant."""
-    code = ("import sys, contextlib, io\nfrom specview.cli import main, SUBCOMMANDS\n"
+    code = ("import sys, contextlib, io\nfrom specview.cli.main import main, SUBCOMMANDS\n"
             "for argv in [[]] + [[c] for c in SUBCOMMANDS]:\n"
             "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
             "        main(argv + ['--help'])\n"

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 
 from specview.backend.views import RunInfo, SessionInfo, StepView
-from specview.settings import K_MAX
+from specview.core.settings import K_MAX
 
 
 class Backend:
@@ -57,7 +57,7 @@ class Backend:
     WHATIF_KS = (1, 2, 3, 4, 6, 8)
 
     def whatif(self) -> dict | None:
-        """The current run replayed at other K and policies (whatif.py's `specview.whatif/1`, without its
+        """The current run replayed at other K and policies (analysis/whatif.py's `specview.whatif/1`, without its
         objects) once the step in flight is done; None where the engine is not this viewer's to ask."""
         with self.lock:
             return self._whatif()

@@ -1,5 +1,5 @@
 """The engine in this process behind the Backend interface: specview.session loads the pair, a
-ProfileRecorder (specview.profiling) records every step. The engine stream (service.py) runs it in the TUI's
+ProfileRecorder (specview.profiling) records every step. The engine stream (backend/engine_stream.py) runs it in the TUI's
 child process; tests drive it directly."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import time
 
 from specview.backend.base import Backend
 from specview.backend.views import RunInfo, SessionInfo, StepView
-from specview.detok import CONTEXT, piece_in_context, token_texts
-from specview.events import RunSummary
+from specview.core.detokenize import CONTEXT, piece_in_context, token_texts
+from specview.core.events import RunSummary
 
 
 class EngineBackend(Backend):
@@ -92,8 +92,8 @@ class EngineBackend(Backend):
     def _whatif(self) -> dict | None:
         """Record the current run's distributions now (one target forward over its text, one-token draft
         forwards) and replay them: every drafter of the session, fixed and heuristic, WHATIF_KS."""
+        from specview.analysis.whatif import plain, whatif_document
         from specview.profiling.dists import run_dists
-        from specview.whatif import plain, whatif_document
 
         run = self.run
         if run is None or not run.generated or self.session is None:

@@ -1,14 +1,14 @@
 """What the engine side hands a viewer: plain dataclasses, built on the engine's thread, and their record in
-the engine stream (docs/design.md §10a): the records service.py writes, serve streams and the TUI reads."""
+the engine stream (docs/design.md §10a): the records backend/engine_stream.py writes, serve streams and the TUI reads."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
 
-from specview.errors import SpecviewError, quoted
-from specview.events import StepResult
-from specview.settings import SamplingConfig
+from specview.core.errors import SpecviewError, quoted
+from specview.core.events import StepResult
+from specview.core.settings import SamplingConfig
 
 _STEP_FIELDS = {f.name for f in fields(StepResult)}
 

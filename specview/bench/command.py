@@ -36,12 +36,12 @@ from specview.bench.metrics import (
 )
 from specview.bench.schema import BENCH_SCHEMA, METHOD_ORDER, PEER_METHODS, peer_names
 from specview.bench.tables import ordered, render
-from specview.errors import SpecviewError
-from specview.files import write_json_atomic
-from specview.policies import parse_policies
+from specview.core.errors import SpecviewError
+from specview.core.files import write_json_atomic
+from specview.core.policies import parse_policies
+from specview.core.settings import Settings
+from specview.core.stopping import Stop, Stopped
 from specview.session import open_session
-from specview.settings import Settings
-from specview.stopping import Stop, Stopped
 
 
 def bench_command(args) -> int:

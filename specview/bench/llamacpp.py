@@ -24,10 +24,10 @@ import time
 import torch
 
 from specview.bench.record import RunRecord
+from specview.core.stopping import Stop
 from specview.drafters.llamacpp import crash_reason, llama_cpp_version
 from specview.drafters.ngram import DEFAULT_MAX
-from specview.engine import eos_token_ids
-from specview.stopping import Stop
+from specview.engine.decoder import eos_token_ids
 
 NOT_INSTALLED = 'llama-cpp-python is not installed (pip install -e ".[llamacpp]" or make bench-llamacpp)'
 N_BATCH = 512  # llama.cpp's default: a bench prompt fits one batch (llama-cpp-python caps it at n_ctx)
@@ -36,7 +36,7 @@ DRAFT_ROOM = 64  # context past prompt + N for the drafts of the last step
 
 def gguf_path(target_spec: str) -> str | None:
     """The GGUF file behind a target spec (the bundled alias, a .gguf path, with any @suffix), else None."""
-    from specview.models import parse_spec
+    from specview.models.loader import parse_spec
 
     src = parse_spec(target_spec)
     return os.path.join(src.path, src.gguf_file) if src.gguf_file else None

@@ -19,9 +19,9 @@ from transformers import StoppingCriteria
 
 from specview.bench.record import RunRecord  # noqa: F401 - its clients import it from here too
 from specview.bench.schema import DRAFTING_PEERS, peer_names
-from specview.engine import eos_token_ids
-from specview.policies import first_policy, parse_policies
-from specview.stopping import Stop
+from specview.core.policies import first_policy, parse_policies
+from specview.core.stopping import Stop
+from specview.engine.decoder import eos_token_ids
 
 
 def drafting(name: str) -> bool:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import statistics
 
 from specview.bench.record import RunRecord
-from specview.events import nonfinite_to_none
-from specview.metrics import Counts, cost_model, expected_tokens_per_step, ratio, speedup
-from specview.phases import PHASES
+from specview.core.events import nonfinite_to_none
+from specview.core.metrics import Counts, cost_model, expected_tokens_per_step, ratio, speedup
+from specview.core.phases import PHASES
 
 
 def method_stats(records: list[RunRecord], baseline_mean_s: float | None = None) -> dict:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from specview.bench.schema import PEERS
-from specview.options import Parser, add_run_options, allow_policy_list, number_type
-from specview.settings import BENCH_DRAFTS, DEFAULT_DRAFT
+from specview.core.options import Parser, add_run_options, allow_policy_list, number_type
+from specview.core.settings import BENCH_DRAFTS, DEFAULT_DRAFT
 
 # Equal token counts for every method, and both bundled drafts (the default one and the fastest) timed side by
 # side; other defaults as `run` (DESIGN).

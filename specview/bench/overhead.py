@@ -18,10 +18,10 @@ import time
 
 import torch
 
+from specview.core.settings import Settings
+from specview.engine.phase_timer import PhaseTimer
 from specview.profiling.hooks import NormHooks, norm_modules
 from specview.session import open_session
-from specview.settings import Settings
-from specview.timing import PhaseTimer
 
 MODES = ("timing off", "timing on", "timing + norm hooks")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specview.events import RunSummary
+from specview.core.events import RunSummary
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""The bench file's identity: its schema name (its home is documents.py, with the other files'), the order
+"""The bench file's identity: its schema name (its home is core/file_schemas.py, with the other files'), the order
 methods are shown in, and the peers (no torch here: `specview bench --help` and `report` stay light)."""
 
-from specview.documents import BENCH_SCHEMA  # noqa: F401 - bench's modules take it from here
+from specview.core.file_schemas import BENCH_SCHEMA  # noqa: F401 - bench's modules take it from here
 
 METHOD_ORDER = ("autoregressive", "speculative", "draft_autoregressive", "hf_generate", "hf_assisted",
                 "hf_prompt_lookup", "llamacpp_generate",

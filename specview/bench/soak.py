@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(work, exist_ok=True)
     target, draft = build_pair(work)
     events = os.path.join(work, "events.jsonl")
-    cmd = [sys.executable, "-m", "specview.cli", "run", "--target", target, "--draft", draft, "--prompt", "w1 w2 w3",
+    cmd = [sys.executable, "-m", "specview.cli.main", "run", "--target", target, "--draft", draft, "--prompt", "w1 w2 w3",
            "-N", str(args.tokens), "-K", str(args.K), "--temperature", "1", "--ignore-eos", "--quiet",
            "--threads", str(args.threads), "--jsonl", events]
     if args.profile:

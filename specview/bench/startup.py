@@ -4,10 +4,10 @@
     python -m specview.bench.startup --warm 5 --no-baseline
 
 Each run is a fresh process on the bundled pair with SPECVIEW_CACHE_DIR pointed at a temp folder
-(cold = the first run on it). The child runs the real `specview run` (runner.run_command), with timing wrappers
+(cold = the first run on it). The child runs the real `specview run` (run.run_command), with timing wrappers
 around the pieces of a start: the imports, the GGUF hash, the tokenizer and model loads, the
-bfloat16 draft copy, the weight packing (fastlinear.install) and the forward's choice and compile
-(kernels.prepare; --compile auto, the default: the cold run probes and compiles, warm runs load); "ready" is the moment the Decoder
+bfloat16 draft copy, the weight packing (packed_linear.install) and the forward's choice and compile
+(fast_path.prepare; --compile auto, the default: the cold run probes and compiles, warm runs load); "ready" is the moment the Decoder
 exists, i.e. the first step could start. Figures are wall seconds; on a shared machine they move
 with its load, so the CPU seconds of the process are printed too.
 """
@@ -41,7 +41,12 @@ def child(out_path: str, extra: list[str]) -> int:
     import transformers.models.llama.modeling_llama  # noqa: F401
 
     marks["import transformers (modeling, tokenizers)"] = time.time() - launched
-    from specview import engine, fastlinear, kernels, models, options, runner, weights_cache  # noqa: F401
+    from specview.cli import run  # noqa: F401
+    from specview.core import options  # noqa: F401
+    from specview.cpu import fast_path
+    from specview.cpu.matmul import packed_linear
+    from specview.engine import decoder
+    from specview.models import gguf_cache, loader
 
     marks["import specview"] = time.time() - launched
 
@@ -57,30 +62,30 @@ def child(out_path: str, extra: list[str]) -> int:
 
         setattr(owner, name, wrapper)
 
-    timed(weights_cache, "file_sha256", "sha256 of the GGUF")
-    timed(weights_cache, "entry_problem", "cache entry check")
-    timed(weights_cache, "_write_entry", "cache write (save_pretrained + fsync)")
+    timed(gguf_cache, "file_sha256", "sha256 of the GGUF")
+    timed(gguf_cache, "entry_problem", "cache entry check")
+    timed(gguf_cache, "_write_entry", "cache write (save_pretrained + fsync)")
     timed(transformers.AutoTokenizer, "from_pretrained", "tokenizer load")  # the bound classmethods
     timed(transformers.AutoModelForCausalLM, "from_pretrained", "model load")
-    timed(models, "_int4_copy", "int4 copy (its codes read from the cache when there)")
-    if hasattr(models, "cast_copy"):
-        timed(models, "cast_copy", "bfloat16 draft copy")
-    timed(fastlinear, "install", "weight packing (fastlinear.install)")
-    timed(kernels, "prepare", "forward choice, compile or its disk cache (kernels.prepare)")
-    init = engine.Decoder.__init__
+    timed(loader, "_int4_copy", "int4 copy (its codes read from the cache when there)")
+    if hasattr(loader, "cast_copy"):
+        timed(loader, "cast_copy", "bfloat16 draft copy")
+    timed(packed_linear, "install", "weight packing (packed_linear.install)")
+    timed(fast_path, "prepare", "forward choice, compile or its disk cache (fast_path.prepare)")
+    init = decoder.Decoder.__init__
 
     def ready(self, *args, **kwargs):
         init(self, *args, **kwargs)
         marks.setdefault("ready: Decoder built (first possible step)", time.time() - launched)
 
-    engine.Decoder.__init__ = ready
+    decoder.Decoder.__init__ = ready
     cpu0 = time.process_time()
-    code = runner.run_command(options.build_run_parser().parse_args(RUN[1:] + extra))
+    code = run.run_command(options.build_run_parser().parse_args(RUN[1:] + extra))
     marks["exit of main (after the 1-token run and the summary)"] = time.time() - launched
     with open(out_path, "w") as f:
         json.dump({"marks": marks, "spans": spans, "code": code, "cpu_s": time.process_time(),
                    "cpu_main_s": time.process_time() - cpu0}, f)
-    from specview.exits import exit_now
+    from specview.core.exits import exit_now
 
     exit_now(code)  # as the console script ends (cli.entry)
 

@@ -9,12 +9,12 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from specview.analysis.diagnosis import Figures, diagnose
+from specview.analysis.profile_view import config_diff, diagnosis_parts, forwards_text, roofline_table
 from specview.bench.schema import DRAFTING_PEERS, METHOD_ORDER
-from specview.diagnosis import Figures, diagnose
-from specview.events import fmt
-from specview.metrics import ratio
-from specview.phases import PHASES
-from specview.profiling.render import config_diff, diagnosis_parts, forwards_text, roofline_table
+from specview.core.events import fmt
+from specview.core.metrics import ratio
+from specview.core.phases import PHASES
 
 
 def render_bench(path: str, doc: dict) -> Group:

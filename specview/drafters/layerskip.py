@@ -42,8 +42,8 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DummyLayer
 
-from specview.errors import SpecviewError, quoted
-from specview.metrics import expected_tokens_per_step, speedup
+from specview.core.errors import SpecviewError, quoted
+from specview.core.metrics import expected_tokens_per_step, speedup
 
 # (attribute of the CausalLM holding the decoder, attribute of the decoder holding its layer list)
 LAYOUTS = (("model", "layers"), ("transformer", "h"))

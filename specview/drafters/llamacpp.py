@@ -23,8 +23,8 @@ import time
 
 import torch
 
-from specview.drafters.base import Proposal, sample_chain
-from specview.errors import SpecviewError, quoted
+from specview.core.errors import SpecviewError, quoted
+from specview.engine.drafter import Proposal, sample_chain
 
 NOT_INSTALLED = 'llama-cpp-python is not installed (pip install -e ".[llamacpp]" or make bench-llamacpp)'
 N_BATCH = 512  # tokens per llama.cpp batch when a prompt is fed
@@ -39,7 +39,7 @@ def gguf_file(spec: str, target_spec: str) -> str:
         if not path.endswith(".gguf") or not os.path.isfile(path):
             raise SpecviewError(f"--draft {quoted(spec)}: {quoted(path)} is not a .gguf file")
         return path
-    from specview.models import parse_spec
+    from specview.models.loader import parse_spec
 
     src = parse_spec(target_spec)
     if not src.gguf_file:
@@ -157,13 +157,13 @@ def crash_reason(path: str) -> str | None:
     import sys
     from importlib.util import find_spec
 
-    from specview import machine
+    from specview.core import host
 
     found = find_spec("llama_cpp")  # where its library lies, without loading it here
     lib = os.path.join(os.path.dirname(found.origin), "lib") if found and found.origin else ""
     built = max((os.path.getmtime(os.path.join(lib, f)) for f in os.listdir(lib)), default=0.0) if os.path.isdir(lib) else 0.0
-    key = f"{machine.host_key()}/llama-cpp-python {llama_cpp_version()} built {built:.0f}/{os.path.realpath(path)}"
-    cached = machine.read_cached(TRIAL_FILE)
+    key = f"{host.host_key()}/llama-cpp-python {llama_cpp_version()} built {built:.0f}/{os.path.realpath(path)}"
+    cached = host.read_cached(TRIAL_FILE)
     if isinstance(cached.get(key), dict) and "crash" in cached[key]:
         return cached[key]["crash"]
     try:
@@ -180,9 +180,9 @@ def crash_reason(path: str) -> str | None:
                  "`rm .venv/.installed-llamacpp; make bench-llamacpp` (this CPU's vector extensions, no AMX), or "
                  "CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON\" "
                  "pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python")
-    cached = machine.read_cached(TRIAL_FILE)
+    cached = host.read_cached(TRIAL_FILE)
     cached[key] = {"crash": crash, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    machine.store_cached(TRIAL_FILE, cached)
+    host.store_cached(TRIAL_FILE, cached)
     return crash
 
 

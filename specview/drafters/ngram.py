@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from specview.drafters.base import Proposal
-from specview.errors import SpecviewError, quoted
+from specview.core.errors import SpecviewError, quoted
+from specview.engine.drafter import Proposal
 
 DEFAULT_MAX, DEFAULT_MIN = 4, 1
 

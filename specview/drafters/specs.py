@@ -23,8 +23,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from specview.errors import SpecviewError, quoted
-from specview.treeshape import split_tree
+from specview.core.errors import SpecviewError, quoted
+from specview.core.tree_shape import split_tree
 
 _OPTION = re.compile(r"^[a-z_]+=[^,:@/]*$")
 _LAYERS = re.compile(r"^\d+(-\d+)?$")  # more of a self:skip= set: self:skip=4-9,15
@@ -77,7 +77,7 @@ def build(spec: str, target, load: Callable[[str], object], prompt_ids: list[int
           say: Callable[[str], None] = lambda msg: None):
     """One drafter for `target` (a LoadedModel). `load(spec)` loads a draft model (models.load_model with
     the session's shared cache of loaded sources)."""
-    from specview.drafters.model import ModelDrafter
+    from specview.engine.drafter import ModelDrafter
 
     base, shape = split_tree(spec)
     what = kind(base)
@@ -108,8 +108,8 @@ def _self_drafter(spec: str, target, prompt_ids: list[int], say):
         num_decoder_layers,
         parse_skip,
     )
-    from specview.drafters.model import ModelDrafter
-    from specview.models import LoadedModel
+    from specview.engine.drafter import ModelDrafter
+    from specview.models.loader import LoadedModel
 
     _, _, options = spec.partition(":")
     layers = num_decoder_layers(target.model)

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import torch
 
-from specview import trees
-from specview.drafters.base import Proposal
 from specview.drafters.ngram import all_continuations
-from specview.kvcache import keep_rows
-from specview.sampling import probs_from_logits, sample
+from specview.engine import token_tree
+from specview.engine.drafter import Proposal
+from specview.engine.kv_cache import keep_rows
+from specview.engine.sampling import probs_from_logits, sample
 
 
 class TreeDrafter:
@@ -117,7 +117,7 @@ class TreeDrafter:
                     logits = dec.forward(lm, cache, ids[new[0]].view(1))
                     fed = new[0]
                 else:
-                    layout = trees.append_layout(parents, rows, new, base, cached, dec.device)
+                    layout = token_tree.append_layout(parents, rows, new, base, cached, dec.device)
                     logits = dec.forward(lm, cache, torch.stack([ids[j] for j in new]), tree=layout)
                     fed = None
             frontier = new
@@ -129,10 +129,10 @@ class TreeDrafter:
             # Each node's score is at most its parent's, and ties go to the earlier index: the best `nodes`
             # include every ancestor of theirs, so the kept set is a tree.
             kept = sorted(sorted(kept, key=lambda j: (-scores[j], j))[: shape.nodes])
-            parents = trees.renumber(parents, kept)
+            parents = token_tree.renumber(parents, kept)
             ids, laws, rows = [ids[j] for j in kept], [laws[j] for j in kept], [rows[j] for j in kept]
-        order = trees.preorder(parents)  # the first-child path in consecutive rows: no gather when it is accepted
-        parents = trees.renumber(parents, order)
+        order = token_tree.preorder(parents)  # the first-child path in consecutive rows: no gather when it is accepted
+        parents = token_tree.renumber(parents, order)
         ids, laws, rows = [ids[j] for j in order], [laws[j] for j in order], [rows[j] for j in order]
         return Proposal(torch.stack(ids), torch.stack(laws), parents=parents, draft_rows=rows)
 

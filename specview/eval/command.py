@@ -21,10 +21,15 @@ from rich.progress import (
 )
 
 from specview.bench.methods import EngineMethod
-from specview.drafters.base import context_holders
+from specview.core.errors import SpecviewError
+from specview.core.files import ensure_writable_dir, write_json_atomic
+from specview.core.policies import parse_policies
+from specview.core.prompt_sets import BUILTIN, Prompt, load_prompts
+from specview.core.settings import Settings
+from specview.core.stopping import Stop
 from specview.drafters.specs import kind as drafter_kind
 from specview.drafters.specs import split_specs
-from specview.errors import SpecviewError
+from specview.engine.drafter import context_holders
 from specview.eval.document import (
     build_doc,
     check_resume,
@@ -34,12 +39,7 @@ from specview.eval.document import (
     load_resume,
     result_record,
 )
-from specview.eval.prompts import BUILTIN, Prompt, load_prompts
-from specview.files import ensure_writable_dir, write_json_atomic
-from specview.policies import parse_policies
 from specview.session import check_context, encode_prompt, open_session
-from specview.settings import Settings
-from specview.stopping import Stop
 
 WARMUP_TOKENS = 8  # each method's first forwards pay one-time costs (kernel choice, allocation): not timed
 

@@ -7,13 +7,13 @@ import math
 import os
 import time
 
-from specview.documents import EVAL_SCHEMA, load
-from specview.errors import SpecviewError
-from specview.eval.prompts import Prompt, digest
+from specview.core.errors import SpecviewError
+from specview.core.events import nonfinite_to_none
+from specview.core.file_schemas import EVAL_SCHEMA, load
+from specview.core.policies import parse_policies
+from specview.core.prompt_sets import Prompt, digest
+from specview.core.settings import K_LIMIT, Settings
 from specview.eval.summary import AUTOREGRESSIVE, result_policy, summarize, variants
-from specview.events import nonfinite_to_none
-from specview.policies import parse_policies
-from specview.settings import K_LIMIT, Settings
 
 # Settings a resumed eval must share with its file: each changes the tokens or the timings. (profile_dir,
 # cache and the prompt set's path do not: the set is compared by its digest, so a moved file still resumes.)
@@ -124,7 +124,7 @@ def complete_results(doc: dict, prompt_ids: set[str]) -> list[dict]:
 
 
 def default_path(folder: str, target: str) -> str:
-    from specview.profiling.recorder import clean_name
+    from specview.core.files import clean_name
 
     t = time.time()
     while True:  # unique to the millisecond, like profile stems

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from specview.eval.prompts import BUILTIN, parse_categories
-from specview.options import Parser, add_run_options, allow_policy_list, number_type
-from specview.settings import DEFAULT_DRAFT
+from specview.core.options import Parser, add_run_options, allow_policy_list, number_type
+from specview.core.prompt_sets import BUILTIN, parse_categories
+from specview.core.settings import DEFAULT_DRAFT
 
 # Eval differs from `run` in its defaults: greedy, as Spec-Bench measures, so every drafter must emit the
 # autoregressive tokens and the table checks it. Any sampling setting works with --temperature.

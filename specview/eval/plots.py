@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from specview.core.files import save_figure
+from specview.core.metrics import ratio
 from specview.eval.summary import AUTOREGRESSIVE
-from specview.files import save_figure
-from specview.metrics import ratio
 
 MARKERS = ["█", "▒", "░", "▓", "#", "+", "o", "x"]  # series without colour (a pipe, a log file)
 

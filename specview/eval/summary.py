@@ -1,5 +1,5 @@
 """An eval document's `summary`: the metrics per drafter, overall and per category, from its `results`
-(docs/design.md "Eval"). Every definition comes from specview/metrics.py, the one home shared with run,
+(docs/design.md "Eval"). Every definition comes from specview/core/metrics.py, the one home shared with run,
 bench and the TUI; this module only groups results and rebuilds their counters. No torch: `report`
 recomputes nothing, but tests and --resume rebuild summaries from the JSON alone."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specview.events import nonfinite_to_none
-from specview.metrics import Counts, cost_model, ratio, speedups_over_baseline
+from specview.core.events import nonfinite_to_none
+from specview.core.metrics import Counts, cost_model, ratio, speedups_over_baseline
 
 AUTOREGRESSIVE = "autoregressive"  # the summary's key for the baseline (drafter specs key the others)
 

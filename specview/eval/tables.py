@@ -8,10 +8,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from specview.analysis.profile_view import config_diff
+from specview.core.events import fmt
+from specview.core.metrics import ratio
 from specview.eval.summary import AUTOREGRESSIVE, policies, variant_label
-from specview.events import fmt
-from specview.metrics import ratio
-from specview.profiling.render import config_diff
 
 SPEEDUP = "{:.2f}x"
 

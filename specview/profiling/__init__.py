@@ -1,1 +1,1 @@
-"""Timing, memory and profile files. Never imports textual."""
+"""Profiles of a run: norm hooks, op capture, exporters (Chrome trace, speedscope), py-spy, recorded distributions."""

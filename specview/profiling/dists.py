@@ -1,4 +1,4 @@
-"""`--record-dists`: the distributions along a run's emitted text, for `specview whatif` (whatif.py) to replay
+"""`--record-dists`: the distributions along a run's emitted text, for `specview whatif` (analysis/whatif.py) to replay
 other K, draft policies and drafters without running the models again (docs/design.md "What-if replay").
 
 After the run, one teacher-forced forward per model over prompt + generated tokens gives, at every emitted
@@ -16,7 +16,7 @@ temperature 1, as the step records). Kept per position:
   each along the emitted text (a one-hot q is accepted with probability p(x)).
 
 Greedy replay needs only the argmaxes (top_ids[...][0]), so it is exact; at temperature > 0 the replay is
-exact per position given the recorded prefix (see whatif.py). One cost: a forward over the whole text per
+exact per position given the recorded prefix (see analysis/whatif.py). One cost: a forward over the whole text per
 model, after the timed run, and the file (`<stem>.dists.json.gz`, gzip'd JSON).
 """
 
@@ -28,8 +28,8 @@ import os
 
 import torch
 
-from specview.files import atomic_path
-from specview.whatif import DISTS_SCHEMA
+from specview.core.file_schemas import DISTS_SCHEMA
+from specview.core.files import atomic_path
 
 TOP = 8  # tokens kept per distribution
 LOOKUP_MAX = 16  # the longest block kept per start position for a drafter without a model
@@ -49,7 +49,7 @@ def _top(probs: torch.Tensor) -> dict:
 @torch.inference_mode()
 def teacher_forced(dec, lm, state, prompt_ids: list[int], generated: list[int]) -> torch.Tensor:
     """[len(generated), V] probabilities: row i is the model's law of generated[i] given what came before."""
-    from specview.sampling import probs_from_logits
+    from specview.engine.sampling import probs_from_logits
 
     logits = dec.forward(lm, state, prompt_ids + generated[:-1], keep=len(generated))
     return probs_from_logits(logits, dec.sampling)
@@ -60,7 +60,7 @@ def stepwise(dec, drafter, state, prompt_ids: list[int], generated: list[int]) -
     """The same rows as teacher_forced, one token at a time as the engine's drafter feeds them: a one-row
     forward can run another kernel than a many-row one (the compiled one-row path; bfloat16 activations),
     and with near-equal tokens that changes the argmax. The greedy replay must see the engine's."""
-    from specview.sampling import probs_from_logits
+    from specview.engine.sampling import probs_from_logits
 
     drafter.prefill(dec, state, prompt_ids[:-1])
     along = [prompt_ids[-1]] + generated[:-1]
@@ -90,7 +90,7 @@ def run_dists(session, prompt_ids: list[int], generated: list[int], steps: list[
     cache was fed (one token, or two after a block accepted whole), so where the run tested a position its
     verdict is the engine's fact, and the replay of the run's own setting gives the run again."""
     dec = session.decoder("autoregressive")
-    from specview.kvcache import new_cache
+    from specview.engine.kv_cache import new_cache
 
     p = teacher_forced(dec, session.target, new_cache(session.target), prompt_ids, generated)
     out = {"prompt_ids": list(prompt_ids), "tokens": list(generated), "target": {**_top(p), "argmax": p.argmax(dim=-1).tolist()},

@@ -11,9 +11,9 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from specview.phases import MEASURED_PHASES
+from specview.core.phases import MEASURED_PHASES
+from specview.engine.phase_timer import StepTiming
 from specview.profiling.roofline import floor_ms
-from specview.timing import StepTiming
 
 # Chrome trace tracks (tid): one per phase group, ordered top to bottom.
 TRACKS = {1: "step", 2: "draft model", 3: "target model", 4: "sampling"}

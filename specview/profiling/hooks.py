@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from specview.timing import PhaseTimer
+from specview.engine.phase_timer import PhaseTimer
 
 NORM_TYPES = (torch.nn.LayerNorm, torch.nn.RMSNorm, torch.nn.GroupNorm)
 NORM_SUFFIXES = ("LayerNorm", "RMSNorm", "RmsNorm", "Norm")  # LlamaRMSNorm, T5LayerNorm, GemmaRMSNorm, ...

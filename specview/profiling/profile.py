@@ -3,8 +3,8 @@ step records, and what each phase contains."""
 
 from __future__ import annotations
 
-from specview.metrics import Counts, cost_model, ratio
-from specview.phases import FORWARD_PHASES, PHASE_KEYS
+from specview.core.metrics import Counts, cost_model, ratio
+from specview.core.phases import FORWARD_PHASES, PHASE_KEYS
 from specview.profiling.roofline import roofline_summary, verify_rows
 
 # What each phase contains: the report prints this, so a number always comes with its meaning.
@@ -98,3 +98,15 @@ def _max(a, b):
     if not isinstance(b, (int, float)):
         return a
     return b if a is None else max(a, b)
+
+
+def describe_forward(spec: str, choice: dict) -> str:
+    """One line for --verbose, the loading panel and report, from ForwardChoice.to_json()."""
+    text = f"{spec}: forward {choice['mode']} ({choice['why']})"
+    if choice.get("compile_s") is not None:
+        text += f", compile {choice['compile_s']:.1f} s"
+    pieces = choice.get("pieces") or {}
+    if pieces:
+        text += "; one row / several rows: " + ", ".join(
+            f"{name} {p['one_row']}/{p['rows']}" for name, p in pieces.items())
+    return text

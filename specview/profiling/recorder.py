@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import time
 from collections import deque
 
-from specview.documents import PROFILE_SCHEMA
-from specview.errors import SpecviewError
-from specview.events import StepResult
-from specview.files import ensure_writable_dir, write_json_atomic
-from specview.phases import FORWARD_PHASES
+from specview.core.errors import SpecviewError
+from specview.core.events import StepResult
+from specview.core.file_schemas import PROFILE_SCHEMA
+from specview.core.files import clean_name, ensure_writable_dir, write_json_atomic
+from specview.core.phases import FORWARD_PHASES
+from specview.engine.phase_timer import PhaseTimer
 from specview.profiling.export import (
     PackedSpans,
     StepRecord,
@@ -45,7 +45,6 @@ from specview.profiling.export import (
 from specview.profiling.hooks import NormHooks
 from specview.profiling.profile import summarize
 from specview.profiling.roofline import session_roofline
-from specview.timing import PhaseTimer
 
 AUTOSAVE_S = 20.0  # seconds between autosaves of the profile JSON during a long run (at most 2% of the time)
 _TAKEN: set[str] = set()  # stems handed out in this process (two recorders in one millisecond)
@@ -183,7 +182,7 @@ class ProfileRecorder:
             else:
                 self.meta["files"]["ops_trace"] = os.path.basename(self.ops.trace_path)
                 self.notes.append(f"op-level trace written: {self.ops.trace_path}")
-                from specview.profiling.render import ops_table
+                from specview.profiling.ops import ops_table
 
                 self.notes.append(ops_table(self.ops_summary))
         if self.py_spy is not None:
@@ -240,12 +239,3 @@ class ProfileRecorder:
                                       "speedscope": stem + ".speedscope.json"}
                 return stem
             t += 0.001
-
-
-def clean_name(spec: str) -> str:
-    """A MODEL spec as a file name part: no / or @ (a local path keeps its last folder name)."""
-    name, _, dtype = spec.partition("@")
-    if os.sep in name and os.path.exists(os.path.expanduser(name)):
-        name = os.path.basename(os.path.normpath(os.path.expanduser(name)))
-    cleaned = re.sub(r"[^A-Za-z0-9._+-]+", "_", name + (f"_{dtype}" if dtype else "")).strip("._-")
-    return cleaned[-60:] or "model"

@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 import time
 
-from specview.machine import host_key, past_caches, positive_number, read_cached, store_cached
-from specview.text import ascii_int
+from specview.core.host import host_key, past_caches, positive_number, read_cached, store_cached
+from specview.core.prompt_text import ascii_int
 
 PROBE_BYTES = 256 * 2**20  # the streamed tensor, at least: past the CPU's caches (machine.past_caches), ~10 ms to read
 PROBE_REPEATS = 20  # best of: a shared machine's noise only ever adds time (~0.2 s in all)
@@ -125,13 +125,13 @@ def model_bytes(model) -> dict:
     layers, so only those count. A drafter without a model (n-gram) reads nothing: no call here."""
     from torch import nn
 
-    from specview import fastdecode
+    from specview.cpu.forward import llama
 
     head = model.get_output_embeddings()
     head_weight = getattr(head, "weight", None)
     seen: set[int] = set()
     total = 0
-    runner = fastdecode.runner_for(model)
+    runner = llama.runner_for(model)
     if runner is not None and runner.lm_head[0] == "int8" and head_weight is not None:
         seen.add(id(head_weight))
         total += sum(t.numel() * t.element_size() for t in runner.lm_head[1:3])
@@ -157,7 +157,7 @@ def model_bytes(model) -> dict:
 
 
 def _is_int4(module) -> bool:
-    return type(module).__name__ == "Int4Linear"  # int4.py; by name: no import of the kernel code
+    return type(module).__name__ == "Int4Linear"  # models/int4.py; by name: no import of the kernel code
 
 
 def kv_bytes_per_token(model) -> int:
@@ -195,7 +195,7 @@ def session_roofline(session, bandwidth: dict | None = None, drafters: bool = Tr
     its forward runs specview's own, the time of its matrix products alone (`products_ms`, kernels.products_ms:
     the target at one row and at a verify's K + 1, a draft at one row). `drafters` maps each drafter's spec to its
     model's figures (n-gram: 0 weights, no forwards)."""
-    from specview.kernels import products_ms
+    from specview.cpu.fast_path import products_ms
 
     bw = bandwidth or measure_bandwidth(session.device)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from specview.kvcache import new_cache
+from specview.engine.kv_cache import new_cache
 
 T_AR_FORWARDS = 7  # one-token target forwards timed for t_ar (after one warm-up)
 

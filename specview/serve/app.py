@@ -34,12 +34,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from specview.core.prompt_text import ascii_int
 from specview.serve.hub import EventHub
 from specview.serve.metrics import CONTENT_TYPE, ServeMetrics
 from specview.serve.openapi import openapi_document
 from specview.serve.schema import ApiError, GenerateRequest, PredictRequest, parse_body
 from specview.serve.worker import EngineWorker, Job
-from specview.text import ascii_int
 
 PING_S = 15  # SSE comment lines keep idle streams alive through proxies
 CLIENT_GONE = 499  # nginx's "client closed request": the answer nobody reads, for the access log

@@ -16,15 +16,15 @@ import sys
 
 import uvicorn
 
-from specview.files import ensure_writable_dir
+from specview.core.files import ensure_writable_dir
+from specview.core.settings import Settings
+from specview.core.stopping import SIGNALS, Stop
 from specview.serve.app import create_app
 from specview.serve.hub import EventHub
 from specview.serve.metrics import ServeMetrics
 from specview.serve.options import PROFILE_MAX_STEPS
 from specview.serve.worker import EngineWorker
 from specview.session import Session, open_session
-from specview.settings import Settings
-from specview.stopping import SIGNALS, Stop
 
 GRACE_S = 10  # uvicorn's wait for open connections once every stream has ended (a backstop)
 
@@ -103,7 +103,7 @@ def _say(line: str) -> None:
 
 def listen(host: str, port: int) -> socket.socket:
     """Bind before loading the models: a busy port fails in a second, not after the load."""
-    from specview.errors import SpecviewError
+    from specview.core.errors import SpecviewError
 
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]

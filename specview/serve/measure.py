@@ -88,7 +88,7 @@ def _cycles(arrivals: list[float]) -> list[float]:
 
 def run_once(options: list[str]) -> tuple[list[float], list[float]]:
     """`specview run --jsonl -` -> (the steps' wall_ms, the gaps between step lines arriving)."""
-    proc = subprocess.Popen([sys.executable, "-m", "specview.cli", "run", *options, "--jsonl", "-", "--quiet"],
+    proc = subprocess.Popen([sys.executable, "-m", "specview.cli.main", "run", *options, "--jsonl", "-", "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     walls, arrivals = [], []
     for line in proc.stdout:
@@ -138,7 +138,7 @@ def overhead(options: list[str], rounds: int, n: int) -> dict:
 
 def start_server(options: list[str]) -> tuple[subprocess.Popen, str]:
     """`specview serve OPTIONS --port 0` in a subprocess -> (the process, its URL once it listens)."""
-    server = subprocess.Popen([sys.executable, "-m", "specview.cli", "serve", *options, "--port", "0"],
+    server = subprocess.Popen([sys.executable, "-m", "specview.cli.main", "serve", *options, "--port", "0"],
                               stderr=subprocess.PIPE, text=True)
     for line in server.stderr:
         if match := re.search(r" on (http://\S+) ", line):
@@ -183,12 +183,12 @@ def soak(options: list[str], requests: int, every: int, n: int) -> dict:
 
 def bookkeeping(options: list[str], n: int) -> dict:
     from specview.backend.views import StepView, step_record
-    from specview.detok import token_texts
-    from specview.options import build_run_parser
+    from specview.core.detokenize import token_texts
+    from specview.core.options import build_run_parser
+    from specview.core.settings import Settings
     from specview.profiling.recorder import ProfileRecorder
     from specview.serve.metrics import ServeMetrics
     from specview.session import open_session
-    from specview.settings import Settings
 
     settings = Settings.from_args(build_run_parser().parse_args(options))
     session = open_session(settings)

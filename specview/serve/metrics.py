@@ -18,7 +18,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from specview.phases import PHASES
+from specview.core.phases import PHASES
 
 # Step phases run from well under a millisecond (sample on a tiny model) to seconds (a big verify on CPU).
 PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from specview.errors import SpecviewError
-from specview.options import EPILOG, Parser, add_run_options, number_type
+from specview.core.errors import SpecviewError
+from specview.core.options import EPILOG, Parser, add_run_options, number_type
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 5000  # the seed project's server listened on 5000
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from specview.settings import K_MAX
-from specview.text import text_problem
+from specview.core.prompt_text import text_problem
+from specview.core.settings import K_MAX
 
 
 class ApiError(Exception):

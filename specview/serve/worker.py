@@ -30,17 +30,16 @@ from collections import deque
 import torch
 
 from specview.backend.views import StepView, step_record
-from specview.detok import token_texts
-from specview.drafters.base import context_holders
-from specview.engine import Run, eos_token_ids
-from specview.errors import SpecviewError
+from specview.core.detokenize import token_texts
+from specview.core.errors import SpecviewError
+from specview.core.stopping import Stop
+from specview.engine.decoder import Run, eos_token_ids
+from specview.engine.drafter import context_holders
 from specview.profiling.recorder import ProfileRecorder
-from specview.runner import start_event
 from specview.serve.hub import EventHub
 from specview.serve.metrics import ServeMetrics
 from specview.serve.schema import ApiError
-from specview.session import Session, check_context, encode_prompt
-from specview.stopping import Stop
+from specview.session import Session, check_context, encode_prompt, start_event
 
 SHUTTING_DOWN = "the server is shutting down"
 

@@ -1,1 +1,1 @@
-"""The Textual TUI: one client of the engine (specview.engine never imports this package)."""
+"""The Textual TUI: one client of the engine (nothing in engine/, bench/, eval/ or serve/ imports this package)."""

@@ -15,11 +15,11 @@ from textual.binding import Binding
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
+from specview.analysis.diagnosis import diagnose
 from specview.backend.base import Backend
 from specview.backend.views import SessionInfo
-from specview.diagnosis import diagnose
-from specview.errors import SpecviewError
-from specview.stopping import Stop
+from specview.core.errors import SpecviewError
+from specview.core.stopping import Stop
 from specview.tui import messages as msg
 from specview.tui.state import AppState, StepQueue
 from specview.tui.stats import LiveStats
@@ -378,7 +378,7 @@ class SpecviewApp(App[None]):
 
 def tui_command(args) -> int:
     """`specview [OPTIONS]`: the TUI on the models the options name (cli.py checks for a terminal)."""
-    from specview.settings import Settings
+    from specview.core.settings import Settings
     from specview.tui.command import run_tui
     from specview.tui.process import ProcessBackend
 

@@ -22,7 +22,7 @@ import httpx
 
 from specview.backend.base import Backend
 from specview.backend.views import RunInfo, SessionInfo, StepView, step_view
-from specview.errors import SpecviewError
+from specview.core.errors import SpecviewError
 from specview.serve.client import iter_sse
 
 CONNECT_S = 10.0  # connecting and each read of a header; a stream itself may stay quiet for long

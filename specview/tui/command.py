@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from specview.stopping import SIGNALS
+from specview.core.stopping import SIGNALS
 
 
 def run_tui(app) -> int:

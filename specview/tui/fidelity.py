@@ -60,15 +60,15 @@ def newest(folder: str) -> dict:
 
 
 def headless(run_args: list[str], folder: str) -> dict:
-    subprocess.run([sys.executable, "-m", "specview.cli", "run", *run_args, "--quiet", "--profile-dir", folder],
+    subprocess.run([sys.executable, "-m", "specview.cli.main", "run", *run_args, "--quiet", "--profile-dir", folder],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return medians(newest(folder))
 
 
 def pilot(run_args: list[str], folder: str) -> dict:
     """The TUI under Pilot: the app runs, its widgets render, but no terminal receives a frame."""
-    from specview.options import build_tui_parser
-    from specview.settings import Settings
+    from specview.core.options import build_tui_parser
+    from specview.core.settings import Settings
     from specview.tui.app import SpecviewApp
     from specview.tui.process import ProcessBackend
     from specview.tui.state import AppState
@@ -134,7 +134,7 @@ class Tmux:
 
 def terminal(run_args: list[str], folder: str) -> dict:
     """The TUI in a real pseudo-terminal (tmux): every frame is drawn and parsed, as on a person's screen."""
-    app = Tmux([sys.executable, "-m", "specview.cli", *run_args, "--profile-dir", folder])
+    app = Tmux([sys.executable, "-m", "specview.cli.main", *run_args, "--profile-dir", folder])
     try:
         app.wait_for("paused")  # loaded
         app.press("r")

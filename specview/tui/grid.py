@@ -5,7 +5,7 @@ A rich Table measures every cell, then renders every cell through a Padding: 2.5
 table, most of what a redraw cost. Here a table whose cells all fit their columns is laid out once, a
 line of Text per row; one that would need rich's cropping, folding or collapsing (a cell wider than its
 column, a table wider than the room) is left to rich (`lines()` says None, `rich()` is the same table as
-a rich Table). tests/test_tui_render.py holds the two to the same output."""
+a rich Table). tests/tui/test_tui_redraw.py holds the two to the same output."""
 
 from __future__ import annotations
 

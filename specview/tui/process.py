@@ -1,4 +1,4 @@
-"""The engine in a child process (specview/service.py), behind the same Backend interface the app's
+"""The engine in a child process (specview/backend/engine_stream.py), behind the same Backend interface the app's
 workers call: each method sends one command and blocks on its answer. The TUI process holds no model,
 so what it draws cannot disturb the engine's timings, and a crash on either side cannot lose the
 other's work (the child saves its profile when its input ends). No textual here."""
@@ -15,7 +15,7 @@ from threading import Thread
 
 from specview.backend.base import Backend
 from specview.backend.views import RunInfo, SessionInfo, StepView, step_view
-from specview.errors import SpecviewError, quoted
+from specview.core.errors import SpecviewError, quoted
 
 STDERR_LINES = 20  # the child's last stderr lines kept, to say why it died
 
@@ -42,7 +42,7 @@ class ProcessBackend(Backend):
     def _start(self) -> None:
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "specview.service", json.dumps(asdict(self.settings))],
+            [sys.executable, "-m", "specview.backend.engine_stream", json.dumps(asdict(self.settings))],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
             start_new_session=True,  # the terminal's signals go to the TUI, which tells the child what to do
         )

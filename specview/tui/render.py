@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from specview.events import fmt  # noqa: F401 - the widgets format through here
+from specview.core.events import fmt  # noqa: F401 - the widgets format through here
 
 HIGHLIGHT = "on grey23"  # the block of the step on view
 SOURCE = "underline on dark_cyan"  # the earlier span an n-gram draft was copied from

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specview.diagnosis import Figures
-from specview.events import StepResult
-from specview.metrics import CostModel, Counts, cost_model, estimated_speedup, ratio
+from specview.analysis.diagnosis import Figures
+from specview.core.events import StepResult
+from specview.core.metrics import CostModel, Counts, cost_model, estimated_speedup, ratio
 from specview.profiling.roofline import ForwardTally, tally_arguments, verify_rows
 
 RECENT = 20  # steps in the "last 20" acceptance rate
@@ -157,7 +157,7 @@ class LiveStats:
         return {role: t.figures(bw) for role, t in self.tallies.items()}
 
     def figures(self, k: int) -> Figures:
-        """What the diagnosis reads (specview.diagnosis), from the figures on screen."""
+        """What the diagnosis reads (specview.analysis.diagnosis), from the figures on screen."""
         costs, floors = self.costs, self.floors()
         return Figures(self.alpha, costs.e, costs.k, k, costs.c, costs.v, self.t_ar_ms, floors.get("target"),
                        floors.get("draft"), (self.roofline or {}).get("bandwidth_gbs"))

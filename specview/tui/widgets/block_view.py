@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from specview.backend.views import StepView
-from specview.palette import ACCEPT_STYLE, ORIGIN_STYLES, REJECT_STYLE
+from specview.core.palette import ACCEPT_STYLE, ORIGIN_STYLES, REJECT_STYLE
 from specview.tui.grid import Column, Grid, beside
 from specview.tui.render import fmt, visible
 from specview.tui.widgets.panel import unchanged

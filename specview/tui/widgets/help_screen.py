@@ -48,7 +48,7 @@ def help_text(diagnosis: list[str] | None = None) -> Table:
     for name, what in METRICS:
         table.add_row(name, what)
     table.add_row("", "")
-    if diagnosis:  # specview.diagnosis, from this drafter's figures so far
+    if diagnosis:  # specview.analysis.diagnosis, from this drafter's figures so far
         table.add_row(Text("why", style="bold"), Text("the speedup is what it is (figures so far)", style="bold"))
         for line in diagnosis:
             table.add_row("-", line)

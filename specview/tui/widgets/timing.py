@@ -6,8 +6,8 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from specview.events import StepResult
-from specview.phases import FORWARD_PHASES, PHASE_ROWS
+from specview.core.events import StepResult
+from specview.core.phases import FORWARD_PHASES, PHASE_ROWS
 from specview.tui.grid import Column, Grid, Lines
 from specview.tui.render import bar, fmt
 from specview.tui.stats import LiveStats

@@ -12,7 +12,7 @@ from rich.text import Span, Text
 from textual.containers import VerticalScroll
 
 from specview.backend.views import SessionInfo, StepView
-from specview.palette import ORIGIN_STYLES, legend_markup
+from specview.core.palette import ORIGIN_STYLES, legend_markup
 from specview.tui.render import HIGHLIGHT, SOURCE
 from specview.tui.widgets.fitted import Fitted
 

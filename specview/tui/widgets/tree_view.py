@@ -8,7 +8,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from specview.backend.views import StepView
-from specview.palette import ACCEPT_STYLE, ORIGIN_STYLES, REJECT_STYLE
+from specview.core.palette import ACCEPT_STYLE, ORIGIN_STYLES, REJECT_STYLE
 from specview.tui.render import visible
 
 TOKEN = 10  # token text cells

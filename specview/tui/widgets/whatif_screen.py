@@ -1,6 +1,6 @@
 """`w`: the current run replayed at other K and draft policies, for every drafter (docs/design.md §17): tokens
 per step, acceptance, predicted speedup and where each step's time is lost. The figures come from the
-backend (whatif.py's `specview.whatif/1`), so the screen only lays them out."""
+backend (analysis/whatif.py's `specview.whatif/1`), so the screen only lays them out."""
 
 from __future__ import annotations
 

@@ -1,0 +1,5 @@
+"""`python -m specview`: the same as the `specview` command."""
+
+from specview.cli.main import entry
+
+entry()

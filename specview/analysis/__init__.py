@@ -1,0 +1,1 @@
+"""Reading runs: roofline, diagnosis, what-if replay, cost curves (calibrate) and `check`."""

@@ -1,0 +1,312 @@
+"""Which kernel runs each piece of a forward on this machine, and whether the forward runs compiled.
+
+`--compile auto|on|off` (Settings.compile):
+
+    off   transformers' own forward (fastlinear's packed matmuls inside it); every norm hook fires
+    on    fastdecode's forward compiled with inductor, one row and several (an error where it cannot run): built
+          ahead of time into packages a later start loads in milliseconds (aot_compile.AotFunction), or by
+          torch.compile with SPECVIEW_AOT=0
+    auto  `on` where the model can run it and a probe on this machine finds it faster, else `off`
+
+Per piece (each distinct weight matrix of the fast forward: the fused q/k/v, o, the fused gate/up, down,
+the head; the embedding is a lookup), the one-row product runs as a compiled multiply-and-sum
+('reduce'), a compiled F.linear ('mm') or the packed copy with its kernel (MLAS, thinmm or oneDNN: 'mlas' / 'thin' /
+'packed' in the pieces), whichever gives the fastest whole one-token forward (one_row_kernel); several rows run
+oneDNN on a packed copy ('packed'), MLAS on its own ('mlas') or thinmm on the weight itself ('thin'), where fastlinear's probe finds them faster, else F.linear ('mm'). An int4 piece runs
+torch's int4 kernel ('int4') or thinmm's on its own copy of the codes ('thin'), whichever that probe finds faster,
+for every row count. Only
+kernels that compute the same product up to float summation order are chosen automatically: an
+`@int4` model keeps its codes, a float32 one its float32 weights.
+
+Every probe's result is kept per machine (host, CPU and its ISA flags), torch version and thread count
+in the cache folder (host.py), so every process on the machine runs the same kernels and a second
+start probes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specview.core import host
+from specview.core.errors import SpecviewError
+from specview.cpu.forward import aot_compile, gpt2, llama
+from specview.cpu.matmul import onnx_mlas, packed_linear, thin_kernels
+
+MODES = ("auto", "on", "off")
+CHOICE_FILE = "kernels.json"
+GAIN = 0.95  # the compiled forward must be at least 5% faster to be chosen: on a tie keep the stock code
+
+
+@dataclass
+class ForwardChoice:
+    """What a model's forward runs, for --verbose, the profile's config and report."""
+
+    mode: str  # "compiled" | "eager" (transformers' forward)
+    why: str  # one phrase: the probe's figures, or why the compiled path does not apply
+    pieces: dict = field(default_factory=dict)  # piece -> {"shape", "dtype", "one_row", "rows"}
+    compile_s: float | None = None  # time to compile (cold) or load from inductor's cache (warm)
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "why": self.why, "pieces": self.pieces, "compile_s": self.compile_s}
+
+
+def _key(model, what: str) -> str:
+    cfg = model.config
+    shape = f"{cfg.model_type} h{cfg.hidden_size} L{cfg.num_hidden_layers} v{cfg.vocab_size}"
+    dtype = str(model.get_input_embeddings().weight.dtype).removeprefix("torch.")
+    int4 = any(type(m).__name__ == "Int4Linear" for m in model.modules())
+    backend = "aot" if aot_compile.aot_enabled() else "dynamo"
+    return (f"{host.host_key()}/torch {torch.__version__}/threads={torch.get_num_threads()}/{what}/{backend}/"
+            f"{shape}/{dtype}{'+int4' if int4 else ''}")
+
+
+def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
+    """Decide and install the forward of one LoadedModel (llama.install, or nothing for eager)."""
+    if mode not in MODES:
+        raise SpecviewError(f"--compile {mode}: use auto, on or off")
+    model = lm.model
+    llama.uninstall(model)
+    if mode == "off":
+        return ForwardChoice("eager", "--compile off")
+    if mode == "auto" and os.environ.get("SPECVIEW_COMPILE") == "0":  # the test suite's default: see conftest
+        return ForwardChoice("eager", "SPECVIEW_COMPILE=0")
+    family, reason = _family(model)
+    reason = reason or aot_compile.unavailable_reason()
+    if reason:
+        if mode == "on":
+            raise SpecviewError(f"--compile on: {lm.spec} cannot run compiled here: {reason} (use --compile auto or off)")
+        return ForwardChoice("eager", f"not compiled: {reason}")
+    cached = host.read_cached(CHOICE_FILE)
+    key = _key(model, "forward")
+    decided = cached.get(key) if isinstance(cached.get(key), dict) else None
+    # An eager verdict stands once it was taken against the forward's chosen one-row product and head ("one_row",
+    # "head": written since those choices; an older verdict may have lost with a slower forward, and is taken again).
+    if mode == "auto" and decided and decided.get("mode") == "eager" and decided.get("one_row") and "head" in decided:
+        return ForwardChoice("eager", decided.get("why", "a probe found it no faster compiled"))
+    if aot_compile.aot_enabled():
+        say(f"loading {lm.spec}'s one-row forward (the first time on a machine, it is built: about 10 s a function)")
+    else:
+        say(f"compiling {lm.spec}'s one-row forward (inductor; cached on disk after the first time)")
+    t0 = time.perf_counter()
+    runner = llama.install(model, compiled=True, family=family)
+    try:
+        runner.set_one_row(one_row_kernel(model, runner, say))
+        _warm(runner)
+    except Exception as err:  # noqa: BLE001 - a build that fails (the compiler, export) must not stop the run
+        llama.uninstall(model)
+        why = f"the compiled forward could not be built: {type(err).__name__}: {str(err).splitlines()[0][:160]}"
+        if mode == "on":
+            raise SpecviewError(f"--compile on: {lm.spec}: {why} (use --compile auto or off)") from err
+        return ForwardChoice("eager", why)
+    compile_s = time.perf_counter() - t0
+    pieces = runner.pieces()
+    how = _how_built(runner)
+    if mode == "on":
+        return ForwardChoice("compiled", f"--compile on; {how}", pieces, compile_s)
+    # A decision timed with another one-row product (older specview chose it on one matrix alone) or another kind of
+    # head (the float32 weight before its int8 codes were read) is timed again: its figures are what --verbose and
+    # the profile show.
+    head = runner.lm_head[0]
+    if (decided and decided.get("mode") == "compiled" and decided.get("one_row") == runner.gemv
+            and decided.get("head", "dense") == head):
+        return ForwardChoice("compiled", f"{decided.get('why', '')}; {how}", pieces, compile_s)
+    compiled_ms, eager_ms = _probe_forward(lm, runner)
+    choice = "compiled" if compiled_ms < GAIN * eager_ms else "eager"
+    why = f"one-token forward {compiled_ms:.1f} ms compiled against {eager_ms:.1f} ms eager (probe)"
+    cached = host.read_cached(CHOICE_FILE)  # again: one_row_kernel stored its choice since the first read
+    cached[key] = {"mode": choice, "why": why, "compiled_ms": compiled_ms, "eager_ms": eager_ms,
+                   "one_row": runner.gemv, "head": head, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    host.store_cached(CHOICE_FILE, cached)
+    if choice == "eager":
+        llama.uninstall(model)
+        return ForwardChoice("eager", why)
+    packed_linear.drop_packs(model)  # the probe's packs for transformers' forward, which the compiled one never reads
+    return ForwardChoice("compiled", f"{why}; {how}", pieces, compile_s)
+
+
+def _family(model) -> tuple[type, str | None]:
+    """The fast forward's class for this model's family, and None or why the model cannot run it."""
+    kind = getattr(model.config, "model_type", None)
+    if kind == "gpt2":
+        return gpt2.GPT2Forward, gpt2.unsupported_reason(model)
+    if kind not in llama.FAMILIES:
+        return llama.FastForward, f"model type {kind!r} is not one of {', '.join(llama.FAMILIES)} or gpt2"
+    return llama.FastForward, llama.unsupported_reason(model)
+
+
+def _how_built(runner) -> str:
+    """'built ahead of time (loaded)' / '(built in 31.0 s)', or 'torch.compile': for --verbose and the profile."""
+    if runner.backend != "aot":
+        return "torch.compile"
+    functions = [getattr(fns, name) for fns in (runner.fns, runner.fns_rows) for name in llama._Fns.NAMES]
+    states = sorted({fn.built for fn in functions if fn.built})
+    return f"built ahead of time ({', '.join(states) or 'not yet run'})"
+
+
+def _warm(runner) -> None:
+    """Compile (or load from the disk cache) the graphs of one row and of several before the first timed step."""
+    cache = runner.new_cache()
+    runner(torch.zeros(5, dtype=torch.long), cache, 1)  # a prefill: several rows, then the head of one
+    runner(torch.zeros(1, dtype=torch.long), cache, 1)  # one row
+    runner(torch.zeros(5, dtype=torch.long), cache, 5)  # a verify: the head of several rows
+
+
+def _probe_forward(lm, runner, rounds: int = 7) -> tuple[float, float]:
+    """Median one-token forward, compiled against transformers' (with fastlinear), interleaved."""
+    from transformers import DynamicCache
+
+    packed_linear.install(lm.model)
+    prefix = torch.zeros(1, 16, dtype=torch.long)
+    static = runner.new_cache()
+    runner(prefix[0], static, 1)
+    dynamic = DynamicCache(config=lm.model.config)
+    one = torch.zeros(1, 1, dtype=torch.long)
+    times: dict[str, list[float]] = {"compiled": [], "eager": []}
+    with torch.inference_mode(), packed_linear.active():
+        lm.model(input_ids=prefix, past_key_values=dynamic, use_cache=True, logits_to_keep=1)
+        for i in range(rounds + 1):
+            t0 = time.perf_counter()
+            runner(one[0], static, 1)
+            t1 = time.perf_counter()
+            lm.model(input_ids=one, past_key_values=dynamic, use_cache=True, logits_to_keep=1)
+            t2 = time.perf_counter()
+            static.crop(-1)
+            dynamic.crop(-1)  # transformers 5.x crops by a negative count
+            if i:  # the first round warms up
+                times["compiled"].append(t1 - t0)
+                times["eager"].append(t2 - t1)
+    return statistics.median(times["compiled"]) * 1000, statistics.median(times["eager"]) * 1000
+
+
+def one_row_kernel(model, runner, say=lambda msg: None) -> str:
+    """'reduce', 'mm' or 'packed': the one-row product of this model's dense weights in its compiled forward
+    (`runner`), whichever gives the fastest one-token forward here. 'reduce' is a multiply-and-sum inductor
+    vectorizes, 'mm' F.linear (MKL's product), 'packed' each piece's packed copy where fastlinear's probe found
+    its kernel best for one row (MLAS, thinmm or oneDNN), else F.linear: a candidate where some piece has such a
+    copy. The whole forward is timed with each, not one product: a product timed alone misleads. On a 2-vCPU
+    Xeon (AVX-512) the reduce beat MKL for a 1536x576 matrix called alone, yet the target's one-token forward ran
+    1.26x faster at one thread on MKL (which wins on the fused gate/up and the head, 86% of its bytes); on an
+    AVX2 EPYC MLAS read a one-row product's weights at about 21 GB/s against the compiled reduce's 17. A probe
+    leaves `runner` on the last kind it timed: the caller sets the choice (runner.set_one_row)."""
+    products = runner.products()
+    dense = [w for w in products if w[0] == "dense"]
+    if not dense:  # every product runs an int4 kernel (packed_linear.int4_kernel): nothing to choose
+        return "mm"
+    packed = sorted({packed_linear.label(packed_linear.kernel_of(w[2])) for w in dense if w[2] is not None and w[4]})
+    kinds = ("reduce", "mm") + (("packed",) if packed else ())
+    # another set of candidates (or onnxruntime's version): measured again
+    named = "+".join(kinds) + "".join(f"/{label}" for label in packed)
+    if any(w[0] == "int8" for w in products):  # a head read as int8 codes: other bytes to weigh
+        named += "/int8 head"
+    cached = host.read_cached(CHOICE_FILE)
+    key = f"{_key(model, 'one_row_forward')}/{named}/{packed_linear.probe_label()}"
+    if isinstance(cached.get(key), dict) and cached[key].get("kernel") in kinds:
+        return cached[key]["kernel"]
+    say(f"timing the one-token forward with each one-row product ({', '.join(kinds)}): once on a machine")
+    ms = _probe_one_row(runner, kinds)
+    kernel = min(ms, key=ms.get)
+    cached = host.read_cached(CHOICE_FILE)
+    cached[key] = {"kernel": kernel, **{f"{name}_ms": value for name, value in ms.items()},
+                   "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    host.store_cached(CHOICE_FILE, cached)
+    return kernel
+
+
+def _probe_one_row(runner, kinds: tuple[str, ...], rounds: int = 9) -> dict[str, float]:
+    """{kind: median ms} of `runner`'s one-token forward after a 16-token prefix with each one-row product,
+    interleaved round by round (a machine whose speed drifts moves them alike). The first round builds (or
+    loads) each kind's one-row functions and is not counted."""
+    cache = runner.new_cache()
+    runner(torch.zeros(16, dtype=torch.long), cache, 1)
+    one = torch.zeros(1, dtype=torch.long)
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for i in range(rounds + 1):
+        for kind in kinds:
+            runner.set_one_row(kind, keep_others=True)
+            t0 = time.perf_counter()
+            runner(one, cache, 1)
+            if i:
+                times[kind].append(time.perf_counter() - t0)
+            cache.crop(-1)
+    return {kind: statistics.median(values) * 1000 for kind, values in times.items()}
+
+
+def products_ms(model, rows: tuple[int, ...]) -> dict[str, float] | None:
+    """{str(rows): ms} for each row count: the time of a forward's matrix products alone, with the kernels its
+    forward runs, over the model's own weights (streamed from memory as in a forward, the head included), best of
+    5 (a figure taken while another process held the CPU stays in the cache: the roofline drops one above its
+    forward's own time). What the roofline sets beside a forward's memory floor: where these take most of the forward, its kernels
+    bound it on this CPU (on an AVX2 EPYC torch's int4 kernel gets through its codes at 3 GB/s, against 25 for
+    memory), not the operators between them. None for a model on transformers' forward (its products are modules
+    of its own) or where timing them fails (the roofline goes without). Measured once per machine, torch, threads
+    and the forward's pieces (each one's shape, dtype and kernels: an `@int4` head and an `@int4+head` one, packed
+    and stock copies, are other products), kept in CHOICE_FILE."""
+    runner = llama.runner_for(model)
+    if runner is None:
+        return None
+    pieces = json.dumps([runner.compiled, runner.gemv, runner.pieces(), len(runner.products()), onnx_mlas.version(),
+                         thin_kernels.version(), thin_kernels.int4_version(), thin_kernels.int8_version()], sort_keys=True)
+    key = f"{_key(model, 'products')}/{hashlib.sha256(pieces.encode()).hexdigest()[:16]}"
+    cached = host.read_cached(CHOICE_FILE)
+    entry = cached.get(key) if isinstance(cached.get(key), dict) else {}
+    missing = [r for r in rows if not host.positive_number(entry.get(str(r)))]
+    if missing:
+        try:
+            measured = {str(r): _time_products(runner, r) for r in missing}
+        except Exception:  # noqa: BLE001 - a product that will not compile or run here: no figure, not a failed run
+            return None
+        entry = {**entry, **measured, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        cached = host.read_cached(CHOICE_FILE)
+        cached[key] = entry
+        host.store_cached(CHOICE_FILE, cached)
+    return {str(r): entry[str(r)] for r in rows}
+
+
+def _time_products(runner, rows: int, repeats: int = 5) -> float:
+    """ms of one pass of `rows` rows through every product of `runner`'s forward, as its functions run them: one
+    row with the one-row kernel (the compiled reduce where that is the choice), several with the packed copies."""
+    one_row = rows == 1 and runner.compiled
+    gemv = runner.gemv if one_row else "packed"
+    compiled = aot_compile.compile_fn(llama.linear) if one_row and gemv == "reduce" else None
+    inputs: dict[int, torch.Tensor] = {}  # one input per width: a model has three or four
+    calls = []
+    for w in runner.products():
+        features = w[2].shape[0] * w[3] if w[0] == "int4" else w[1].shape[1]
+        if features not in inputs:
+            inputs[features] = torch.randn(rows, features, dtype=runner.dtype)
+        product = compiled if compiled is not None and w[0] == "dense" else llama.linear
+        calls.append((product, inputs[features], w))
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats + 1):  # the first pass compiles and warms up
+            t0 = time.perf_counter()
+            for product, x, w in calls:
+                product(x, w, gemv)
+            best = min(best, time.perf_counter() - t0)
+    return best * 1000
+
+
+# The engine's seam into the CPU fast path: what a decode forward needs to know of it, and nothing else.
+def runner_for(model) -> llama.FastForward | None:
+    """The engine's own forward installed on `model` by prepare(), or None: transformers' forward runs."""
+    return llama.runner_for(model)
+
+
+def packed_products():
+    """Inside this context transformers' forward runs its Linear layers on the packed copies install_linears made."""
+    return packed_linear.active()
+
+
+def install_linears(model) -> None:
+    """Packed-weight matmuls for transformers' forward of `model`, switched on only inside packed_products(). Packed
+    now for a model that runs that forward; when prepare() gave it the engine's own forward (which packs its own
+    fused matrices), only on a first use of the stock forward (a layer-skip view has a model of its own: packed
+    now)."""
+    packed_linear.install(model, pack=runner_for(model) is None)

@@ -1,0 +1,476 @@
+"""The engine's own decode forward for the Llama family, eager or compiled: the same product as
+transformers' forward (up to float summation order), with far fewer operators.
+
+A decoding forward at batch size 1 reads every weight once; what it adds on top of that read is the
+operators between the matmuls (norms, rotary, residual adds, SiLU, cache writes), a few dozen per
+layer, each a dispatch that costs microseconds whatever its size. Here a layer is two functions:
+
+    attn_in   RMSNorm, the q/k/v products (one fused matrix), rotary embedding
+    attn_out  the output projection, residual, RMSNorm, gate/up (one fused matrix), SiLU, down, residual
+
+with the attention itself between them (the new keys and values written into a preallocated cache,
+scaled_dot_product_attention over its filled prefix). A bfloat16 or float16 model keeps that cache in
+float32 and attends in float32: torch's CPU attention in bfloat16 costs 7x as much at 256 positions
+(240 against 35 us per layer for one query, AVX-512 EPYC, torch 2.13) and grows with the context; the
+keys and values are the same numbers (a widening is exact), only the attention's rounding differs. With `compile`, inductor fuses
+each function into a few C++ kernels; the same two compiled functions serve all layers (their weights
+are arguments), so a 30-layer model compiles two small graphs, not one long one, and the compiled
+functions are kept on disk (aot_compile.py). Each function is compiled twice: for one row (a token) and
+for several (a verify, a prefill: one graph whose row count is symbolic). Several rows multiply by
+packed weights (oneDNN's, MLAS's or thinmm's: packed_linear.product), operators the graph calls as they are; the
+norms, rotary and activations around them fuse (a 5-row verify of SmolLM2-135M: 49 against 55 ms
+eager, 1 thread, AVX-512 EPYC).
+
+A matrix product of one row can run as a multiply-and-sum reduction that inductor writes as one
+vectorized pass over the weights (`gemv="reduce"`), or as a matmul kernel (`"mm"`): which is faster
+depends on the machine, so cpu/fast_path.py probes it. Not a stock module forward, so no norm hook fires:
+the profile records the mode, and `--compile off` gives the layernorm phase back.
+
+Supported: LlamaForCausalLM and the models built like it (Mistral, Qwen2; SmolLM2 is a Llama), in
+float32, bfloat16, float16 or with int4 layers (models/int4.py); GPT-2 through cpu/forward/gpt2.py (the same loop with
+GPT-2's layer functions). Others run transformers' forward.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from specview.cpu.forward.static_kv import StaticKV
+from specview.cpu.forward.weights import fuse, head_weight, linear_weight
+from specview.cpu.matmul.packed_linear import kernel_of, product
+
+FAMILIES = ("llama", "mistral", "qwen2")
+
+
+def unsupported_reason(model) -> str | None:
+    """None if this model can run the fast path, else why not (one phrase)."""
+    config = getattr(model, "config", None)
+    kind = getattr(config, "model_type", None)
+    if kind not in FAMILIES:
+        return f"model type {kind!r} is not one of {', '.join(FAMILIES)}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r} (only silu)"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", kind == "mistral"):
+        return "sliding-window attention"
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None or not hasattr(model.model, "rotary_emb"):
+        return "no model.layers / rotary_emb"
+    if any(next(iter(layer.parameters())).device.type != "cpu" for layer in layers):
+        return "not on the CPU"
+    for layer in layers:
+        attn = layer.self_attn
+        if hasattr(attn, "q_norm") or getattr(attn, "sliding_window", None):
+            return "query/key norms or sliding windows"
+    return None
+
+
+# ---- the layer, as two functions of tensors (the same code eager and compiled) ----
+
+def linear(x: torch.Tensor, w, gemv: str) -> torch.Tensor:
+    """x [rows, in] times a weight: ('dense', W [out, in], W packed | None, bias | None, one_row_reads),
+    ('int4', packed, scales_and_zeros, group, bias | None, halves, thin | None) or ('int8', codes [out, in],
+    scales [out, in / 32], bias | None), as cpu/forward/weights.py makes them.
+    `gemv` is the kernel for one row of a dense weight: 'reduce' (a
+    multiply-and-sum that inductor vectorizes), 'packed' (the packed copy) or 'mm' (F.linear); several rows
+    take the packed copy when there is one, else F.linear. A packed copy is oneDNN's, MLAS's or thinmm's, whichever
+    fastlinear's probe found faster for this shape; its product runs the kernel that packed it."""
+    if w[0] == "int8":  # a weight that is exactly int8 codes times scales (fastweights.head_weight)
+        _, codes, scales, bias = w
+        y = torch.ops.specview_thinmm.int8_linear(x, codes, scales)
+        return y if bias is None else y + bias
+    if w[0] == "int4":
+        # torch's int4 kernel, or thinmm's (`thin`: its copy of the codes) where it measured faster. Not written as
+        # torch ops (unpack, scale, multiply, sum): inductor's one-row loop over 4-bit codes ran 2-4x slower than
+        # torch's kernel (AVX-512 EPYC, torch 2.13).
+        _, packed, sz, group, bias, _halves, thin = w
+        if thin is not None:
+            y = torch.ops.specview_thinmm.int4_linear(x, thin[0], thin[1], group)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, sz).to(x.dtype)
+        return y if bias is None else y + bias
+    _, weight, packed, bias, one_row_reads = w
+    if x.shape[0] == 1 and gemv == "reduce":
+        y = (x.unsqueeze(-2) * weight).sum(-1)
+    elif packed is not None and (x.shape[0] > 1 or gemv == "packed" and one_row_reads):
+        return product(x, packed, bias, weight.shape[0])
+    else:
+        return F.linear(x, weight, bias)
+    return y if bias is None else y + bias
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: in float32, then back to the input dtype before the weight."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def attn_in(h, norm_w, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int, gemv: str):
+    """h [rows, hidden] -> q [1, heads, rows, d], k and v [1, kv_heads, rows, d] (k and q rotated)."""
+    rows = h.shape[0]
+    x = rms_norm(h, norm_w, eps)
+    if qkv[0] == "fused":
+        y = linear(x, qkv[1], gemv)
+        q, k, v = y.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    else:
+        q, k, v = (linear(x, w, gemv) for w in qkv[1:])
+    q = q.view(rows, heads, head_dim).transpose(0, 1).unsqueeze(0)
+    k = k.view(rows, kv_heads, head_dim).transpose(0, 1).unsqueeze(0)
+    v = v.view(rows, kv_heads, head_dim).transpose(0, 1).unsqueeze(0)
+    return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+
+def attn_out(h, attn, o, norm_w, eps: float, gate_up, down, inter: int, gemv: str):
+    """The rest of the layer: h + o(attn), then + down(silu(gate) * up) of its norm."""
+    rows = h.shape[0]
+    attn = attn.to(h.dtype)  # back from the float32 attention of a half-precision model
+    h = h + linear(attn.transpose(1, 2).reshape(rows, -1), o, gemv)
+    x = rms_norm(h, norm_w, eps)
+    if gate_up[0] == "fused":
+        gate, up = linear(x, gate_up[1], gemv).split([inter, inter], dim=-1)
+    else:
+        gate, up = linear(x, gate_up[1], gemv), linear(x, gate_up[2], gemv)
+    return h + linear(F.silu(gate) * up, down, gemv)
+
+
+def head(h, norm_w, eps: float, w, gemv: str):
+    return linear(rms_norm(h, norm_w, eps), w, gemv)
+
+
+def attend(q, k, v, keys, values, ends, mask, scale: float):
+    """The attention of a layer's new rows over its cache, after writing their keys and values there. `ends` is a
+    tensor whose length is the cache's filled length after these rows: a shape, so that a compiled graph keeps it
+    symbolic (an int would be compiled in as a constant) and one graph serves every position. `mask` (several
+    rows: additive, [rows, end]) says what each row sees; one row sees the whole prefix (None)."""
+    end, rows = ends.shape[0], q.shape[2]
+    keys[:, :, end - rows:end] = k
+    values[:, :, end - rows:end] = v
+    return F.scaled_dot_product_attention(q.to(keys.dtype), keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+                                          scale=scale, enable_gqa=q.shape[1] != keys.shape[1])
+
+
+def layer(h, norm1, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int, keys, values, ends, mask,
+          scale: float, o, norm2, gate_up, down, inter: int, gemv: str):
+    """A whole layer, its cache write and attention inside: one call a layer instead of two calls, two cache writes
+    and an attention between them (about 1 ms of a 5 ms int4 draft forward, AVX-512 EPYC, 2 threads)."""
+    q, k, v = attn_in(h, norm1, eps, qkv, cos, sin, heads, kv_heads, head_dim, gemv)
+    attn = attend(q, k, v, keys, values, ends, mask, scale)
+    return attn_out(h, attn, o, norm2, eps, gate_up, down, inter, gemv)
+
+
+class FastForward:
+    """The fast forward of one model: its weights gathered once (q/k/v and gate/up fused into one matrix
+    each: a copy, the same memory price as fastlinear's packed copy), its functions eager or compiled."""
+
+    def __init__(self, model, compiled: bool, gemv: str = "mm"):
+        self.model_ref = weakref.ref(model)
+        self._read_config(model)
+        self.scale = self.head_dim ** -0.5
+        self.dtype = model.get_input_embeddings().weight.dtype
+        # the attention's dtype: half-precision attention is slow on CPU (module docstring)
+        self.kv_dtype = torch.float32 if self.dtype in (torch.bfloat16, torch.float16) else self.dtype
+        self.gemv, self.compiled = gemv, compiled
+        # Whether the packed copies are chosen for one-row products too, which fastlinear's probe then weighs: an
+        # eager forward runs every product on them. A compiled forward chooses its one-row product apart (`gemv`:
+        # reduce, mm, or these copies where kernels.one_row_kernel timed them fastest for one row), so its copies
+        # are the verify's best: chosen for both, the 5-row products of the Xeon's target ran F.linear at 13 GB/s
+        # whenever the one-row probe had picked the copies, because thin lost one row to MKL by 3%.
+        self.one_row_packed = not compiled
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # _rotary's cos, sin by position
+        self._bound: dict = {}  # (id(fns), gemv, positional, masked) -> _bound_layers' calls
+        self._gather_model(model)
+        from specview.cpu.forward import aot_compile
+
+        # "aot": built ahead of time for this model; "dynamo": torch.compile; "eager": these functions as they are
+        self.backend = ("aot" if aot_compile.aot_enabled() else "dynamo") if compiled else "eager"
+        self._one_row_fns = {gemv: _functions(self.backend, self._eager_functions())}  # by one-row product (fns)
+        self.fns_rows = _functions(self.backend, self._eager_functions(), rows=True)  # a verify, a prefill
+
+    # ---- what a family defines (Llama here; cpu/forward/gpt2.py for GPT-2) ----
+
+    def _read_config(self, model) -> None:
+        cfg = model.config
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.inter = cfg.intermediate_size
+        self.eps = cfg.rms_norm_eps
+
+    def _gather_model(self, model) -> None:
+        self.layers = [self._gather(layer) for layer in model.model.layers]
+        self.final_norm = model.model.norm.weight
+        self.lm_head = head_weight(model.lm_head, self.one_row_packed)
+
+    def _eager_functions(self) -> _Fns:
+        return _EAGER
+
+    def _embed(self, model, ids: torch.Tensor, positions: torch.Tensor):
+        """ids, their positions [rows] -> (h [rows, hidden], what every layer's attn_in needs besides its weights:
+        the rotary cos, sin)."""
+        h = model.model.embed_tokens(ids)
+        cos, sin = self._rotary(model.model.rotary_emb, h, positions)
+        return h, (cos[None, None], sin[None, None])  # [1, 1, rows, d]: broadcast over heads
+
+    def _rotary(self, rope, h, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [rows, d] at `positions`, as transformers' rotary embedding gives them: rows of a table it made
+        for positions 0 .. n once (it computes each position's values elementwise, so a row is that position's
+        own, to the bit), where its frequencies stay put; its own call where they change with the length (dynamic
+        and longrope scaling). Its ten small operators took 4% of an int4 draft's one-token forward."""
+        kind = getattr(rope, "rope_type", None)
+        if not isinstance(kind, str) or "dynamic" in kind or kind == "longrope":
+            cos, sin = rope(h, positions.unsqueeze(0))
+            return cos[0], sin[0]
+        table = self._rope_table
+        need = int(positions.max()) + 1 if positions.numel() else 0
+        if table is None or table[0].shape[0] < need or table[0].dtype != h.dtype:
+            have = table[0].shape[0] if table is not None else 256
+            length = max(need, 2 * have if have < need else have)  # doubled when it is too short
+            cos, sin = rope(h, torch.arange(length).unsqueeze(0))
+            table = self._rope_table = (cos[0], sin[0])
+        return table[0][positions], table[1][positions]
+
+    def _layer_in(self, fns, h, w, positional, gemv):
+        cos, sin = positional
+        return fns.attn_in(h, w["norm1"], self.eps, w["qkv"], cos, sin, self.heads, self.kv_heads, self.head_dim,
+                           gemv)
+
+    def _layer_out(self, fns, h, attn, w, gemv):
+        return fns.attn_out(h, attn, w["o"], w["norm2"], self.eps, w["gate_up"], w["down"], self.inter, gemv)
+
+    def _layer_whole(self, fns, h, w, positional, gemv, keys, values, ends, mask):
+        cos, sin = positional
+        return fns.layer(h, w["norm1"], self.eps, w["qkv"], cos, sin, self.heads, self.kv_heads, self.head_dim,
+                         keys, values, ends, mask, self.scale, w["o"], w["norm2"], w["gate_up"], w["down"], self.inter,
+                         gemv)
+
+    def _head(self, fns, h, gemv):
+        return fns.head(h, self.final_norm, self.eps, self.lm_head, gemv)
+
+    def _named_pieces(self) -> dict:
+        """piece -> ("fused" | "split", weight...) as fastweights.fuse gives them; a single matrix is ("fused", w)."""
+        layer = self.layers[0]
+        return {"qkv": layer["qkv"], "o": ("fused", layer["o"]), "gate_up": layer["gate_up"],
+                "down": ("fused", layer["down"]), "head": ("fused", self.lm_head)}
+
+    def _gather(self, layer) -> dict:
+        attn, mlp = layer.self_attn, layer.mlp
+        return {
+            "norm1": layer.input_layernorm.weight, "norm2": layer.post_attention_layernorm.weight,
+            "qkv": fuse(attn.q_proj, attn.k_proj, attn.v_proj, one_row=self.one_row_packed),
+            "o": linear_weight(attn.o_proj, self.one_row_packed),
+            "gate_up": fuse(mlp.gate_proj, mlp.up_proj, one_row=self.one_row_packed),
+            "down": linear_weight(mlp.down_proj, self.one_row_packed),
+        }
+
+    def pieces(self) -> dict:
+        """What runs each weight matrix (layer 0's stand for every layer's): for --verbose, profiles, report."""
+        named = self._named_pieces()
+        out = {}
+        for name, group in named.items():
+            w = group[1]
+            if w[0] == "int8":  # thinmm's int8 kernel on the weight's exact codes, for every row count
+                shape, dtype, one_row, rows = list(w[1].shape), "int8", "int8", "int8"
+            elif w[0] == "int4":  # torch's int4 kernel ('int4') or thinmm's ('thin'), for every row count
+                kernel = "int4" if w[6] is None else "thin"
+                shape, dtype, one_row, rows = [w[2].shape[1], w[2].shape[0] * w[3]], "int4", kernel, kernel
+            else:
+                shape, dtype = list(w[1].shape), str(w[1].dtype).removeprefix("torch.")
+                rows = {"stock": "mm"}.get(kernel_of(w[2]), kernel_of(w[2]))  # mm, packed (oneDNN), mlas or thin
+                one_row = (rows if w[4] else "mm") if not self.compiled or self.gemv == "packed" else self.gemv
+            out[name] = {"shape": shape, "dtype": dtype, "one_row": one_row, "rows": rows,
+                         "fused": group[0] == "fused" and name in ("qkv", "gate_up")}
+        return out
+
+    def products(self) -> list:
+        """Every weight a forward multiplies by, as linear()'s tuples, in its order: each layer's, then the head
+        (kernels.products_ms times them alone)."""
+        out = []
+        for layer in self.layers:
+            for entry in layer.values():  # norms are tensors or (weight, bias): their first item is no kind
+                if isinstance(entry, tuple) and entry and isinstance(entry[0], str):
+                    out.extend(entry[1:] if entry[0] in ("fused", "split") else [entry])
+        return [*out, self.lm_head]
+
+    def new_cache(self) -> StaticKV:
+        return StaticKV(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype)
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, cache: StaticKV, keep: int, tree=None) -> torch.Tensor:
+        """ids [rows] appended to `cache` -> logits [keep, vocab] of the last `keep` rows (0: all). `tree` =
+        (positions [rows], allowed [rows, start + rows]) from trees.layout: a token tree's own positions and mask."""
+        model = self.model_ref()
+        rows, start = ids.numel(), cache.length
+        cache.reserve(start + rows)
+        # One row (a decoding or drafting step) runs the one-row kernel `gemv` chose; several rows (a verify, a
+        # prefill) the packed weights, in graphs whose row count is symbolic.
+        fns, gemv = self._functions_for(rows)
+        positions = torch.arange(start, start + rows) if tree is None else tree[0]
+        h, positional = self._embed(model, ids, positions)
+        end = start + rows
+        # Each layer runs as one function (layer()) once the cache holds something: one row, or several rows after
+        # a prefix (a verify, a tree's level, a draft's catch-up); `ends`' length is the attended length. (One row
+        # needs no mask, a tree's too: a level of one node comes after levels of one node, all its ancestors.)
+        # A text's first rows (a prefill from nothing: the rows equal the attended length, which export would fix)
+        # take the two halves around an eager attention.
+        ends = torch.empty(end, dtype=torch.bool) if start > 0 else None
+        if rows == 1 and start == 0 and self.compiled:
+            # Rare (a text from BOS alone): uncompiled, so that no package is built for it in the middle of a timed
+            # step (about 10 s the first time on a machine)
+            fns, gemv = self._eager_functions(), "mm"
+        mask = None
+        if rows > 1:
+            # Queries see every cached position and the new rows up to their own (a causal block at the end), or
+            # in a token tree each node its ancestors only. Additive, made once: attention would turn a boolean
+            # mask into this in every layer.
+            allowed = torch.ones(rows, end, dtype=torch.bool).tril(start) if tree is None else tree[1]
+            mask = torch.zeros(rows, end, dtype=self.kv_dtype).masked_fill_(~allowed, float("-inf"))
+        if ends is not None and hasattr(fns.layer, "bind"):  # built ahead of time: bound to each layer's weights
+            for i, layer in enumerate(self._bound_layers(fns, gemv, len(positional), mask is not None)):
+                h = layer(h, *positional, cache.keys[i], cache.values[i], ends, mask)
+        elif ends is not None:
+            for i, w in enumerate(self.layers):
+                h = self._layer_whole(fns, h, w, positional, gemv, cache.keys[i], cache.values[i], ends, mask)
+        else:
+            for i, w in enumerate(self.layers):
+                q, k, v = self._layer_in(fns, h, w, positional, gemv)
+                cache.keys[i][:, :, start:end] = k
+                cache.values[i][:, :, start:end] = v
+                attn = F.scaled_dot_product_attention(q.to(self.kv_dtype), cache.keys[i][:, :, :end],
+                                                      cache.values[i][:, :, :end], attn_mask=mask, scale=self.scale,
+                                                      enable_gqa=self.heads != self.kv_heads)
+                h = self._layer_out(fns, h, attn, w, gemv)
+        cache.length = end
+        if keep:
+            h = h[-keep:]
+        fns, gemv = self._functions_for(h.shape[0])  # a prefill keeps one row: the one-row head
+        return self._head(fns, h, gemv)
+
+    def _bound_layers(self, fns, gemv: str, positional: int, masked: bool) -> list:
+        """fns.layer bound to each layer in turn (_bound_layer), made once per kind of call: a forward looks them up
+        once, not thirty times."""
+        key = (id(fns), gemv, positional, masked)
+        calls = self._bound.get(key)
+        if calls is None:
+            calls = self._bound[key] = [self._bound_layer(fns, i, gemv, positional, masked)
+                                        for i in range(len(self.layers))]
+        return calls
+
+    def _bound_layer(self, fns, i: int, gemv: str, positional: int, masked: bool):
+        """fns.layer (built ahead of time) bound to layer i's weights and settings (aot_compile.AotFunction.bind): a
+        call gives (h, *positional, keys, values, ends, mask) alone. The family's _layer_whole says where each goes:
+        it is called once on stand-ins that hand its arguments back."""
+        marks = [object() for _ in range(5 + positional)]
+        h, *cos_sin, keys, values, ends, mask = marks
+        args = self._layer_whole(_ARGUMENTS, h, self.layers[i], tuple(cos_sin), gemv, keys, values, ends,
+                                 mask if masked else None)
+        index = {id(m): n for n, m in enumerate(marks)}
+        variable = {p: index[id(a)] for p, a in enumerate(args) if id(a) in index}
+        if len(variable) != len(marks) - (not masked):  # a stand-in wrapped or dropped: bind cannot place it
+            raise RuntimeError(f"{type(self).__name__}._layer_whole must pass each per-call tensor as it is")
+        return fns.layer.bind(args, variable)
+
+    @property
+    def fns(self) -> _Fns:
+        """The functions of one row (a decoding or drafting step), for the one-row product `gemv`."""
+        return self._one_row_fns[self.gemv]
+
+    def set_one_row(self, gemv: str, keep_others: bool = False) -> None:
+        """One-row products by `gemv` from now on (kernels.one_row_kernel times each): their own functions, as a
+        package built ahead of time serves the constants it was built for; `keep_others` keeps the other kinds'
+        loaded for a probe that switches back and forth."""
+        fns = self._one_row_fns.get(gemv) or _functions(self.backend, self._eager_functions())
+        self._one_row_fns = {**(self._one_row_fns if keep_others else {}), gemv: fns}
+        self.gemv = gemv
+        kept = {id(fns) for fns in (*self._one_row_fns.values(), self.fns_rows)}
+        self._bound = {key: call for key, call in self._bound.items() if key[0] in kept}  # by id(fns): see above
+
+    def _functions_for(self, rows: int) -> tuple[_Fns, str]:
+        if not self.compiled:
+            return self._eager_functions(), "packed"
+        return (self.fns, self.gemv) if rows == 1 else (self.fns_rows, "packed")
+
+
+class _Fns:
+    """A family's functions: a layer in two halves around the attention, the head, and the whole layer (`layer`:
+    the halves with the cache write and attention between them)."""
+
+    NAMES = ("attn_in", "attn_out", "head", "layer")
+
+    def __init__(self, attn_in, attn_out, head, layer):
+        self.attn_in, self.attn_out, self.head, self.layer = attn_in, attn_out, head, layer
+
+
+_EAGER = _Fns(attn_in, attn_out, head, layer)
+
+
+class _ARGUMENTS:
+    """Stand-in functions that hand back the arguments they are given (_bound_layer reads a layer call's)."""
+
+    @staticmethod
+    def layer(*args):
+        return args
+
+
+_COMPILED: dict = {}  # (id of a family's eager functions, rows) -> their torch.compile'd versions
+
+
+# The arguments that count rows, by parameter name, in every family's functions: their rows stay symbolic.
+ROW_DIMS = {"h": 0, "attn": 2, "cos": 2, "sin": 2}
+# A whole layer's symbolic sizes: the cache's capacity (it grows) and the attended length; several rows add theirs.
+LAYER_DIMS = {"keys": (2, "capacity"), "values": (2, "capacity"), "ends": (0, "end")}
+LAYER_ROWS_DIMS = {**ROW_DIMS, **LAYER_DIMS, "mask": [(0, "rows"), (1, "end")]}
+
+
+def _functions(backend: str, eager: _Fns, rows: bool = False) -> _Fns:
+    """A family's eager functions, or their compiled versions for one row or for several (`rows`): built ahead
+    of time for this model (aot_compile.py's AotFunction: one signature each, the rows symbolic), or
+    torch.compile's (made once per process, shared by every model; dynamo makes the rows symbolic when it
+    meets a second row count)."""
+    if backend == "eager":
+        return eager
+    from specview.cpu.forward import aot_compile
+
+    if backend == "aot":
+        # another family's functions (fastgpt2) call this file's linear and attend; linear calls fastlinear's
+        # products, and one of them is thinmm's operator (its schema is part of a built graph)
+        from specview.cpu.matmul import packed_linear, thin_kernels
+
+        here = (__file__, packed_linear.__file__, *thin_kernels.SOURCES)
+        halves = (aot_compile.AotFunction(fn, ROW_DIMS if rows else None, sources=here)
+                  for fn in (eager.attn_in, eager.attn_out, eager.head))
+        return _Fns(*halves, aot_compile.AotFunction(eager.layer, LAYER_ROWS_DIMS if rows else LAYER_DIMS,
+                                                  written=("keys", "values"), sources=here))
+    key = (id(eager), rows)
+    if key not in _COMPILED:
+        _COMPILED[key] = _Fns(*(aot_compile.compile_fn(fn) for fn in (eager.attn_in, eager.attn_out, eager.head, eager.layer)))
+    return _COMPILED[key]
+
+
+# ---- which models run it ----
+
+_runners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> FastForward
+
+
+def install(model, compiled: bool, gemv: str | None = None, family: type = FastForward) -> FastForward:
+    """Run `model`'s forwards through `family` (FastForward for the Llama family, fastgpt2.GPT2Forward). `gemv`: the
+    one-row product ('mm' for a new runner); None keeps an installed runner's (kernels.prepare's choice)."""
+    runner = _runners.get(model)
+    if (runner is None or runner.compiled != compiled or gemv is not None and runner.gemv != gemv
+            or type(runner) is not family):
+        runner = _runners[model] = family(model, compiled, gemv or "mm")
+    return runner
+
+
+def uninstall(model) -> None:
+    _runners.pop(model, None)
+
+
+def runner_for(model) -> FastForward | None:
+    return _runners.get(model)

@@ -1,0 +1,96 @@
+"""A fast forward's weights as its products read them (fastdecode.linear): a dense matrix with the packed copy of
+the kernel fastlinear's probe chose for it, an int4 layer with torch's packed codes and, where thinmm's kernel
+measures faster, thinmm's copy, and the matrices that read the same input fused into one (q/k/v, gate/up).
+Built once per model at install; nothing here runs inside a forward."""
+
+from __future__ import annotations
+
+import torch
+
+from specview.cpu.matmul import packed_linear, thin_kernels
+from specview.models.int4 import join_halves, pack_codes, packed_row_block
+
+
+def linear_weight(module, one_row: bool = True):
+    """A linear module as linear()'s weight tuple (nn.Linear or drafters.int4.Int4Linear). `one_row`: whether a
+    packed copy would serve one-row products too (FastForward.one_row_packed)."""
+    if type(module).__name__ == "Int4Linear":
+        return with_int4_kernel(int4_weight(module))
+    return dense(module.weight.detach(), module.bias, one_row)
+
+
+def head_weight(module, one_row: bool = True):
+    """The head as linear()'s weight: ('int8', codes, scales, bias) where its float32 weight is exactly int8 codes
+    times a scale per 32 (thin_kernels.int8_codes: a GGUF's Q8_0 head, as the bundled model's tied one is) and the int8
+    kernel measures faster here (packed_linear.int8_kernel); else as linear_weight makes any linear. The same product
+    up to float rounding order either way, so the choice is automatic. Only the head is examined: the check reads
+    the whole matrix (0.1 s for a 49k x 576 head), and a model's largest matrix is where bytes saved count most."""
+    weight = getattr(module, "weight", None)
+    if (type(module).__name__ == "Linear" and isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
+            and weight.device.type == "cpu"):  # the kernel is a CPU one (a head offloaded by a device map: as it is)
+        codes = thin_kernels.int8_codes(weight)  # None for any weight that is not exactly int8 codes times scales
+        if codes is not None and packed_linear.int8_kernel(tuple(weight.shape), one_row) == "int8":
+            return ("int8", *codes, module.bias)
+    return linear_weight(module, one_row)
+
+
+def int4_weight(module):
+    """('int4', packed, scales_and_zeros, group, bias, halves, thin): torch's packed codes, and `thin` None until
+    with_int4_kernel gives it thinmm's copy."""
+    return ("int4", module.packed, module.scales_and_zeros, module.group_size, module.bias,
+            getattr(module, "halves", None), None)
+
+
+def with_int4_kernel(w):
+    """The int4 weight with thinmm's copy of its codes where fastlinear's probe finds that kernel faster for its
+    shape (every product then runs it), else as it is (torch's int4 kernel)."""
+    _, packed, scales_and_zeros, group, bias, halves, _ = w
+    if halves is None:  # codes on another device: torch's kernel
+        return w
+    shape = (halves.shape[0], halves.shape[1] * 2)
+    if packed_linear.int4_kernel(shape, group) != "thin":
+        return w
+    codes = join_halves(halves, torch.uint8)  # a quarter of int32's memory: a start packs 135M codes
+    return ("int4", packed, scales_and_zeros, group, bias, halves, thin_kernels.pack_int4(codes, scales_and_zeros))
+
+
+def dense(weight: torch.Tensor, bias, one_row: bool = True):
+    """('dense', weight, packed copy | None, bias, one_row_reads_copy). The copy's kernel is chosen for one row and
+    several (`one_row`), or for several alone (a compiled forward); then a one-row product reads the copy (gemv
+    'packed') only where the probe finds that kernel best for one row too, else F.linear: kernels.one_row_kernel
+    timed the copy of one shape only."""
+    dtype, shape = weight.dtype, tuple(weight.shape)
+    kernel = packed_linear.kernel_for(dtype, shape, one_row)
+    packed = None if kernel == "stock" else packed_linear.pack(weight, kernel)
+    one_row_reads = packed is not None and (one_row or packed_linear.kernel_for(dtype, shape, True) == kernel)
+    return ("dense", weight, packed, bias, one_row_reads)
+
+
+def fuse(*modules, one_row: bool = True):
+    """One matrix for the products that read the same input (q/k/v, gate/up): one pass, one call (int4 layers:
+    fuse_int4)."""
+    if any(type(m).__name__ == "Int4Linear" for m in modules):
+        return fuse_int4(modules)
+    weights = [m.weight.detach() for m in modules]
+    biases = [m.bias for m in modules]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [b.detach() if b is not None else torch.zeros(w.shape[0], dtype=w.dtype) for b, w in zip(biases, weights)])
+    return ("fused", dense(torch.cat(weights), bias, one_row))
+
+
+def fuse_int4(modules):
+    """int4 layers fused by stacking their codes: the same codes, scales and zeros, one kernel call instead of
+    three (or two). Where the packer lays rows out in blocks that every part fills (int4.packed_row_block), the
+    packed parts are stacked as they are; else the codes are recovered from the split_halves layout and packed
+    again (0.25 s of a start for the bundled model)."""
+    weights = [int4_weight(m) if type(m).__name__ == "Int4Linear" else None for m in modules]
+    if any(w is None or w[4] is not None or w[5] is None for w in weights) or len({w[3] for w in weights}) > 1:
+        return ("split", *(linear_weight(m) for m in modules))
+    halves = torch.cat([w[5] for w in weights])
+    block = packed_row_block()
+    if block and all(w[1].shape[0] % block == 0 for w in weights):
+        packed = torch.cat([w[1] for w in weights])
+    else:
+        packed = pack_codes(join_halves(halves))
+    scales_and_zeros = torch.cat([w[2] for w in weights], dim=1).contiguous()
+    return ("fused", with_int4_kernel(("int4", packed, scales_and_zeros, weights[0][3], None, halves, None)))

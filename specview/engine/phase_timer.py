@@ -1,0 +1,147 @@
+"""Per-step phase timing for the engine, and the names of the phases (below the engine: no profiling here).
+
+A step is cut into non-overlapping top-level phases (draft, verify, sample, cache); `other` is what
+is left of the step's wall time, so unexplained time stays visible. Nested phases (softmax inside
+sample, layernorm inside the forwards) are added on top and never counted twice.
+
+On CPU the host clock is the truth. On MPS we synchronise at phase edges. On CUDA each phase is a
+pair of CUDA events, resolved once at the end of the step (one sync per step, not one per phase).
+
+Nested time measured outside `phase()` (the norm hooks of `profiling.hooks`) goes through `nested()`
+(host clock) or `nested_device()` (CUDA events); it is attributed to the top-level phase open at that
+moment, so layernorm splits into its draft and verify parts without the hook knowing which model it is on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+
+import torch
+
+from specview.core.phases import MEASURED_PHASES
+
+
+@dataclass
+class StepTiming:
+    """Where the time of one step went, on the host clock (perf_counter seconds)."""
+
+    t0: float  # step start
+    t1: float  # step end
+    wall_ms: float
+    spans: list[tuple[str, float, float]]  # (phase, start_s, end_s) of every phase() block
+    nested_spans: list[tuple[str, str, float, float]]  # (name, enclosing top-level phase, start_s, end_s)
+    parts: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> {enclosing phase: ms}
+
+
+class PhaseTimer:
+    def __init__(self, device: torch.device | str = "cpu", enabled: bool = True):
+        self.device = torch.device(device)
+        self.enabled = enabled
+        self._cuda = enabled and self.device.type == "cuda"
+        self._mps = enabled and self.device.type == "mps"
+        self.ms: dict[str, float] = defaultdict(float)
+        self.spans: list[tuple[str, float, float]] = []  # (phase, start_s, end_s) host clock, this step
+        self.nested_spans: list[tuple[str, str, float, float]] = []  # from nested(): (name, part, start_s, end_s)
+        self.parts: dict[str, dict[str, float]] = {}  # nested name -> {enclosing top-level phase: ms}, this step
+        self.labels = False  # also open a torch.profiler record_function per phase (--profile-ops)
+        self.last: StepTiming | None = None
+        self._stack: list[str] = []  # phases open right now, outermost first
+        self._events: list[tuple[str, object, object]] = []
+        self._nested_events: list[tuple[str, str, object, object]] = []
+        self._step_t0 = 0.0
+
+    def start_step(self) -> None:
+        self.ms = defaultdict(float)
+        self.spans = []
+        self.nested_spans = []
+        self.parts = {}
+        self._stack = []
+        self._events = []
+        self._nested_events = []
+        self._step_t0 = time.perf_counter()
+
+    @contextmanager
+    def phase(self, name: str):
+        if not self.enabled:
+            yield
+            return
+        if self._mps:
+            torch.mps.synchronize()
+        if self._cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        label = torch.profiler.record_function(name) if self.labels else nullcontext()
+        self._stack.append(name)
+        t0 = time.perf_counter()
+        try:
+            with label:
+                yield
+        finally:
+            if self._cuda:
+                end.record()
+                self._events.append((name, start, end))
+            if self._mps:
+                torch.mps.synchronize()
+            t1 = time.perf_counter()
+            self._stack.pop()
+            self.ms[name] += (t1 - t0) * 1000
+            self.spans.append((name, t0, t1))
+
+    @property
+    def current(self) -> str | None:
+        """The top-level phase open right now (None outside a step's phases, e.g. during prefill)."""
+        return self._stack[0] if self._stack else None
+
+    def nested(self, name: str, t0: float, t1: float) -> None:
+        """A nested span measured on the host clock (perf_counter seconds) by a hook. Outside a phase
+        (prefill) it is dropped: a step's phases only count what happened inside the step."""
+        part = self._stack[0] if self._stack else None
+        if part is None:
+            return
+        ms = (t1 - t0) * 1000
+        self.ms[name] += ms
+        split = self.parts.setdefault(name, {})
+        split[part] = split.get(part, 0.0) + ms
+        self.nested_spans.append((name, part, t0, t1))
+
+    def nested_device(self, name: str, start, end, t0: float, t1: float) -> None:
+        """Like nested(), timed by a pair of recorded CUDA events; resolved in end_step()."""
+        part = self._stack[0] if self._stack else None
+        if part is None:
+            return
+        self._nested_events.append((name, part, start, end))
+        self.nested_spans.append((name, part, t0, t1))
+
+    def end_step(self) -> tuple[dict[str, float], float]:
+        """-> (phases_ms, wall_ms) of the step that just ended."""
+        if self._cuda and (self._events or self._nested_events):
+            last = self._events[-1][2] if self._events else self._nested_events[-1][3]
+            last.synchronize()
+            host = defaultdict(float)
+            for name, start, end in self._events:
+                host[name] += start.elapsed_time(end)
+            for name, part, start, end in self._nested_events:
+                ms = start.elapsed_time(end)
+                host[name] += ms
+                split = self.parts.setdefault(name, {})
+                split[part] = split.get(part, 0.0) + ms
+            for name, ms in host.items():
+                self.ms[name] = ms
+        t1 = time.perf_counter()
+        wall_ms = (t1 - self._step_t0) * 1000
+        phases = {name: self.ms.get(name, 0.0) for name in MEASURED_PHASES}
+        measured = sum(phases.values())
+        if measured > wall_ms:  # device time resolved after the host clock stopped: scale into the wall
+            phases = {k: v * wall_ms / measured for k, v in phases.items()}
+            measured = wall_ms
+        phases["other"] = wall_ms - measured
+        phases["softmax"] = self.ms.get("softmax", 0.0)
+        phases["layernorm"] = self.ms.get("layernorm", 0.0)
+        for name, ms in self.ms.items():  # keep any extra nested phase
+            phases.setdefault(name, ms)
+        self.last = StepTiming(self._step_t0, t1, wall_ms, self.spans, self.nested_spans,
+                               {k: dict(v) for k, v in self.parts.items()})
+        return phases, wall_ms

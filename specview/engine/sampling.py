@@ -1,0 +1,55 @@
+"""Logits -> probabilities, and drawing from them. ONE function serves both p and q, so the q in the
+accept test is exactly the distribution the draft sampled from."""
+
+from __future__ import annotations
+
+import torch
+
+from specview.core.settings import SamplingConfig
+
+TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32 (1.2e-38)
+
+
+def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Rows of logits [..., V] -> rows of probabilities in float32 after temperature, top-k and top-p.
+
+    Greedy (temperature 0) returns the plain softmax at temperature 1: the decision is the argmax,
+    and the probabilities are only shown.
+    """
+    logits = logits.float()
+    if cfg.greedy:
+        return torch.softmax(logits, dim=-1)
+    # Shift by the max first: at a tiny temperature logits / T would overflow to inf and give NaN. T itself
+    # meets the float32 logits as a float32: below the smallest normal float32 it is 0 (1e-320 -> 0/0 = NaN,
+    # and the NaN row drew the vocabulary's last token). At TINY every gap between two float32 logits is
+    # already -inf after the division, so the law is the same as at any smaller T: the argmax (ties shared).
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(cfg.temperature, TINY)  # amax: no indices (20x less)
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if cfg.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays: its mass before is
+        # 0, and a top_p below TINY would be 0 in float32, so 0 >= 0 would drop it and leave a NaN row).
+        sorted_probs = sorted_probs.masked_fill(mass_before >= max(cfg.top_p, TINY), 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool = False) -> torch.Tensor:
+    """One token id per row of probs, as a tensor (no device sync).
+
+    Inverse CDF: one uniform per row against the cumulative sum, in float64 so that even tokens with
+    probability ~1e-12 keep their share. (An exponential race, argmax(p / E), is exact too but draws
+    one random number per vocabulary entry: ~0.7 ms per token for a 49k vocabulary on CPU.)
+    """
+    if greedy:
+        return probs.argmax(dim=-1)
+    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)  # the same numbers as .double().cumsum(), one pass fewer
+    u = torch.rand(probs.shape[:-1] + (1,), generator=generator, device=probs.device, dtype=torch.float64)
+    # right=True: token i covers [cdf[i-1], cdf[i]); a zero-probability token covers nothing.
+    index = torch.searchsorted(cdf, u * cdf[..., -1:], right=True).squeeze(-1)
+    return index.clamp_(max=probs.shape[-1] - 1)

@@ -1,0 +1,137 @@
+"""`specview check` on tiny models: a correct engine passes both tests for every kind of drafter, and a
+deliberately broken one fails them (the check has power). Fixed seeds: every outcome is deterministic."""
+
+import math
+
+import pytest
+import torch
+
+import tiny
+from helpers import run_cli
+from specview.analysis.check import Divergence, DrafterResult, chi_square, chi_square_tail
+from specview.analysis.check_report import passed, summary_line
+
+
+@pytest.fixture(scope="module")
+def spread_pair(tiny_dir):
+    """A target whose next-token law is spread out (logits x 2) and a draft made from it plus noise: the two
+    differ enough that drafting with q instead of p would show in 2000 draws."""
+    return tiny.save_noisy_pair(tiny_dir, "check", "gpt2", 16, 10, scale=2.0, noise=0.5, noise_seed=3)
+
+
+def check(capsys, pair, *extra, draft=None):
+    t, d = pair
+    return run_cli(capsys, "check", "--target", t, "--draft", draft or d, "--prompt", "w1 w2 w3", "-N", "16",
+                   "--temperature", "1", "--samples", "2000", *extra)
+
+
+def last_line(out: str) -> str:
+    return out.strip().splitlines()[-1]
+
+
+def test_a_correct_engine_passes(capsys, spread_pair):
+    code, out, err = check(capsys, spread_pair)
+    assert code == 0, out + err
+    assert last_line(out).startswith("result=pass drafters=1 greedy_same=4/4 near_ties=0 distribution_p=")
+    assert "threshold=0.001" in last_line(out) and "p-value" in out and "consistent with the target's" in out
+
+
+@pytest.mark.parametrize("draft", ["ngram", "self:skip=1", "DRAFT@int4"])
+def test_every_drafter_kind_passes(capsys, spread_pair, draft, tiny_dir):
+    if "@int4" in draft:  # the int4 kernel needs widths of 32 and rows of 16: a wider Llama
+        tok = tiny.make_tokenizer(16)
+        path = tiny.save(tiny.make_model("llama", 16, 4, width=64, scale=2.0), tok, tiny_dir / "check-llama")
+        code, out, err = check(capsys, (path, path), draft=path + "@int4")
+    else:
+        code, out, err = check(capsys, spread_pair, draft=draft)
+    assert code == 0, out + err
+    assert last_line(out).startswith("result=pass")
+    if draft == "ngram":  # no match after the prompt: the test moves to a prefix where lookup proposes
+        assert "the prefix is the prompt + its first half" in out
+
+
+def test_several_drafters_are_each_checked(capsys, spread_pair):
+    code, out, err = check(capsys, spread_pair, draft=f"{spread_pair[1]},ngram")
+    assert code == 0 and "drafters=2 greedy_same=8/8" in last_line(out)
+
+
+def test_always_accepting_fails_the_distribution_test(capsys, spread_pair, monkeypatch):
+    """The power test: an engine that keeps every draft emits the draft's law, not the target's."""
+    import specview.engine.decoder
+
+    monkeypatch.setattr(specview.engine.decoder, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
+    code, out, err = check(capsys, spread_pair)
+    assert code == 1
+    assert last_line(out).startswith("result=fail") and "does NOT follow the target's distribution" in out
+
+
+def test_keeping_the_first_rejected_draft_fails_the_greedy_test(capsys, spread_pair, monkeypatch):
+    """A greedy bug: the engine keeps the first rejected draft too (an off-by-one in the accepted count)."""
+    import specview.engine.decoder
+
+    real = specview.engine.decoder.Decision.__init__
+
+    def off_by_one(self, values):
+        real(self, values)
+        if self.accepted < len(self.drafted):
+            self.accepted += 1
+
+    monkeypatch.setattr(specview.engine.decoder.Decision, "__init__", off_by_one)
+    code, out, err = check(capsys, spread_pair, "--temperature", "0")
+    assert code == 1, out + err
+    assert "result=fail" in last_line(out) and "a clear margin" in out and "distribution_p=skipped" in last_line(out)
+
+
+def test_greedy_skips_the_distribution_test(capsys, spread_pair):
+    code, out, err = check(capsys, spread_pair, "--temperature", "0")
+    assert code == 0 and "distribution_p=skipped" in last_line(out) and "not tested at temperature 0" in out
+
+
+def test_near_ties_are_explained_and_pass():
+    tie = Divergence(0, 5, 11, 12, margin=2e-6, noise=1e-6, near_tie=True)
+    result = DrafterResult("d", prompts=2, same=1, divergences=[tie], p_value=0.5)
+    assert passed([result], 0.001) and "near_ties=1" in summary_line([result], 0.001, False)
+    clear = Divergence(0, 5, 11, 12, margin=3.0, noise=1e-6, near_tie=False)
+    assert not passed([DrafterResult("d", 1, 0, [clear], 0.5)], 0.001)
+
+
+def test_the_chi_square_bins_and_zero_probability_tokens():
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0], dtype=torch.float64)
+    draws = [0] * 100 + [1] * 60 + [2] * 30 + [3] * 10  # exactly as expected: statistic 0
+    stat, pv, bins, note = chi_square(draws, p)
+    assert stat == pytest.approx(0.0, abs=1e-9) and pv == pytest.approx(1.0) and bins == 4 and note == ""  # 3 + tail
+    stat, pv, bins, note = chi_square(draws[:-1] + [4], p)
+    assert pv == 0.0 and "probability 0" in note
+    stat, pv, bins, note = chi_square([0] * 100, torch.tensor([0.999, 0.001], dtype=torch.float64))
+    assert pv is None and "no power" in note
+
+
+def test_the_chi_square_tail_against_closed_forms():
+    # dof 2: exp(-x/2); dof 1: erfc(sqrt(x/2)); the 5% critical values of dof 1 and 10
+    for x in (0.0, 0.5, 3.0, 12.0, 40.0):
+        assert chi_square_tail(x, 2) == pytest.approx(math.exp(-x / 2), rel=1e-12, abs=1e-300)
+        assert chi_square_tail(x, 1) == pytest.approx(math.erfc(math.sqrt(x / 2)), rel=1e-10, abs=1e-300)
+    assert chi_square_tail(3.841458820694124, 1) == pytest.approx(0.05, rel=1e-9)
+    assert chi_square_tail(18.307038053275146, 10) == pytest.approx(0.05, rel=1e-9)
+
+
+def test_prompts_from_a_file_and_a_bad_file(capsys, spread_pair, tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("w4 w5\nw6 w7 w8\n")
+    code, out, err = check(capsys, spread_pair, "--prompts", str(path), "--temperature", "0")
+    assert code == 0 and "greedy_same=2/2" in last_line(out)
+    code, out, err = check(capsys, spread_pair, "--prompts", str(tmp_path / "missing.txt"))
+    assert code == 2 and "--prompts: cannot read" in err and len(err.strip().splitlines()) == 1
+
+
+def test_bad_options_exit_2_with_one_line(capsys):
+    code, out, err = run_cli(capsys, "check", "--samples", "3")
+    assert code == 2 and "--samples must be >= 20" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_prompt_sets():
+    from specview.analysis.check import QUICK_PROMPTS, load_prompts
+    from specview.core.prompt_sets import load_prompts as eval_set
+
+    assert load_prompts("quick", "my prompt") == ["my prompt", *QUICK_PROMPTS]
+    assert load_prompts("builtin", "my prompt") == [p.text for p in eval_set("builtin")]  # eval's set, one home

@@ -1,0 +1,302 @@
+"""The converted-weights cache (specview/gguf_cache.py): the cache layer on a tiny save_pretrained
+model, then the whole GGUF path through load_model on a tiny GGUF written with the `gguf` package.
+Every test gets its own cache dir (SPECVIEW_CACHE_DIR = a tmp_path): the user's cache is never touched."""
+
+import json
+import os
+import time
+
+import pytest
+import torch
+
+import tiny
+from specview.models import gguf_cache
+from specview.models.gguf_cache import MARKER, cached_load, entry_path, entry_problem
+from specview.models.loader import load_model
+from tiny import write_tiny_gguf
+
+
+@pytest.fixture(autouse=True)
+def cache_root(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SPECVIEW_CACHE_DIR", str(root))
+    return root
+
+
+class Counter:
+    """build / save / load for cached_load on a tiny Llama, counting the builds."""
+
+    def __init__(self, seed=0):
+        self.builds = 0
+        self.seed = seed
+
+    def build(self):
+        self.builds += 1
+        return tiny.make_model("llama", 16, self.seed), tiny.make_tokenizer(16)
+
+    @staticmethod
+    def save(obj, folder):
+        tiny.save(*obj, folder)
+
+    @staticmethod
+    def load(folder):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), AutoTokenizer.from_pretrained(folder)
+
+    def __call__(self, key=None):
+        return cached_load(key or {"source_sha256": "abc"}, self.build, self.save, self.load, name="tiny")
+
+
+def same_weights(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    assert gguf_cache.cache_dir() == tmp_path / "cache"
+    monkeypatch.delenv("SPECVIEW_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert gguf_cache.cache_dir() == tmp_path / "xdg" / "specview"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert gguf_cache.cache_dir() == tmp_path / "home" / ".cache" / "specview"
+
+
+def test_first_call_builds_and_writes_the_second_loads(cache_root):
+    c = Counter()
+    (model, _), how = c()
+    assert (how, c.builds) == ("built", 1)
+    entry = entry_path("tiny", {"source_sha256": "abc"})
+    assert entry.parent == cache_root and entry_problem(entry) is None
+    files = json.loads((entry / MARKER).read_text())["files"]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(files)
+    (again, tok), how = c()
+    assert (how, c.builds) == ("hit", 1)  # build not called
+    assert same_weights(model, again) and tok("w1 w2")["input_ids"] == [4, 5]
+    assert [p.name for p in cache_root.iterdir()] == [entry.name]  # no temp folder left behind
+
+
+@pytest.mark.parametrize("damage", ["truncate", "missing", "bad json", "no marker", "bad marker"])
+def test_a_damaged_entry_is_rebuilt(damage):
+    c = Counter()
+    c()
+    entry = entry_path("tiny", {"source_sha256": "abc"})
+    if damage == "truncate":
+        path = entry / "model.safetensors"
+        os.truncate(path, path.stat().st_size // 2)
+    elif damage == "missing":
+        (entry / "config.json").unlink()
+    elif damage == "bad json":  # same size, so only parsing it tells
+        size = (entry / "config.json").stat().st_size
+        (entry / "config.json").write_text("{" * size)
+    elif damage == "no marker":
+        (entry / MARKER).unlink()
+    else:
+        (entry / MARKER).write_text("{not json")
+    assert entry_problem(entry) is not None
+    (model, _), how = c()
+    assert (how, c.builds) == ("built", 2)
+    assert entry_problem(entry) is None
+    assert c()[1] == "hit" and c.builds == 2
+
+
+def test_a_safetensors_header_that_lies_is_caught(tmp_path):
+    c = Counter()
+    c()
+    path = entry_path("tiny", {"source_sha256": "abc"}) / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[:8] = (len(data) * 2).to_bytes(8, "little")  # header length past the end, file size unchanged
+    path.write_bytes(bytes(data))
+    assert "past the end" in entry_problem(path.parent)
+    assert c()[1] == "built"
+
+
+def test_an_entry_that_fails_to_load_is_rebuilt():
+    c = Counter()
+    c()
+    calls = []
+
+    def bad_load(folder):
+        calls.append(folder)
+        raise RuntimeError("boom")
+
+    obj, how = cached_load({"source_sha256": "abc"}, c.build, c.save, bad_load, name="tiny")
+    assert how == "built" and len(calls) == 1 and c.builds == 2
+
+
+def test_a_leftover_temp_folder_is_ignored_and_a_stale_one_removed(cache_root):
+    cache_root.mkdir(parents=True)
+    entry = entry_path("tiny", {"source_sha256": "abc"})
+    fresh = cache_root / f"{gguf_cache.TMP_PREFIX}{entry.name}-killed"
+    stale = cache_root / f"{gguf_cache.TMP_PREFIX}{entry.name}-old"
+    for folder in (fresh, stale):  # a build killed half way: some files, no marker
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(b"\0" * 10)
+    old = time.time() - 2 * gguf_cache.STALE_TMP_S
+    os.utime(stale, (old, old))
+    c = Counter()
+    assert c()[1] == "built" and c()[1] == "hit"
+    assert fresh.exists() and not stale.exists()  # a fresh one may be another process's build in progress
+
+
+def test_a_new_format_replaces_its_old_entry_and_leaves_other_versions_alone(cache_root):
+    key = {"format": 1, "source_sha256": "abc", "torch": "2.13.0", "transformers": "5.23.0"}
+    c = Counter()
+    c(key)
+    c({**key, "transformers": "5.24.0"})  # another environment sharing the cache
+    c({**key, "source_sha256": "def"})  # another model
+    old, other_version, other_model = (entry_path("tiny", k) for k in (
+        key, {**key, "transformers": "5.24.0"}, {**key, "source_sha256": "def"}))
+    c({**key, "format": 3})  # a newer specview sharing the cache
+    (cache_root / "thinmm").mkdir()  # a build folder without a marker is not an entry
+    c({**key, "format": 2})
+    assert not old.exists()  # the same model at an older FORMAT: nothing reads it any more
+    assert other_version.exists() and other_model.exists() and (cache_root / "thinmm").exists()
+    assert entry_path("tiny", {**key, "format": 3}).exists()  # a newer FORMAT is not ours to remove
+    assert entry_path("tiny", {**key, "format": 2}).exists() and c.builds == 5
+    assert not [p for p in cache_root.iterdir() if p.name.startswith(".")]  # nothing left aside
+
+
+def test_a_failed_write_still_returns_the_model(cache_root):
+    cache_root.parent.mkdir(parents=True, exist_ok=True)
+    cache_root.write_text("a file where the cache folder should be")
+    c = Counter()
+    (model, _), how = c()
+    assert how == "built, not cached" and isinstance(model, torch.nn.Module)
+
+    def failing_save(obj, folder):
+        raise ValueError("not serializable")
+
+    cache_root.unlink()
+    obj, how = cached_load({"source_sha256": "abc"}, c.build, failing_save, c.load, name="tiny")
+    assert how == "built, not cached"
+    assert not any(cache_root.iterdir())  # the temp folder is gone, no entry was made
+
+
+def test_the_key_follows_the_bytes_not_the_path(tmp_path):
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    a.write_bytes(b"GGUF" + b"\1" * 100)
+    b.write_bytes(b"GGUF" + b"\1" * 100)
+    ka, kb = gguf_cache.gguf_key_inputs(a), gguf_cache.gguf_key_inputs(b)
+    assert ka == kb and entry_path("m", ka) == entry_path("m", kb)
+    assert ka["torch"] == torch.__version__ and "transformers" in ka
+    b.write_bytes(b"GGUF" + b"\1" * 99 + b"\2")  # one byte differs
+    kb = gguf_cache.gguf_key_inputs(b)
+    assert kb["source_sha256"] != ka["source_sha256"] and entry_path("m", ka) != entry_path("m", kb)
+    assert entry_path("m", ka) != entry_path("m", {**ka, "transformers": "0.0"})
+
+
+# ---- the GGUF path end to end, on a tiny GGUF (a Llama, byte-level BPE tokenizer, float32 tensors)
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+def entries(root):
+    """The converted-model entries (folders); the cache folder also keeps small per-machine figures
+    (bandwidth.json, fastlinear.json) and the per-machine builds (thinmm's library, the compiled forwards'
+    packages), which are not weights (a run builds thinmm there when no earlier test of the process did)."""
+    builds = ("thinmm", "aot")
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in builds
+                  ) if root.exists() else []
+
+
+def test_gguf_load_goes_through_the_cache_and_matches_the_direct_load(tiny_gguf, cache_root):
+    cpu = torch.device("cpu")
+    direct = load_model(tiny_gguf, cpu, cache=False)
+    assert entries(cache_root) == []  # --no-cache neither reads nor writes
+    first = load_model(tiny_gguf, cpu)
+    (entry,) = entries(cache_root)
+    assert entry.name.startswith("tiny-") and entry_problem(entry) is None
+    assert first.model.config.name_or_path != str(entry)  # built from the GGUF, not read back
+    second = load_model(tiny_gguf + "@bfloat16", cpu)
+    assert second.model.config.name_or_path == str(entry)  # read from the cache
+    assert second.dtype == torch.bfloat16 and first.dtype == direct.dtype == torch.float32
+    hit = load_model(tiny_gguf, cpu)
+    for lm in (first, hit):
+        assert same_weights(direct.model, lm.model)
+        assert lm.context_len == direct.context_len == 256
+        assert lm.tokenizer.get_vocab() == direct.tokenizer.get_vocab()
+        assert lm.tokenizer.eos_token_id == direct.tokenizer.eos_token_id
+        assert lm.tokenizer.added_tokens_decoder == direct.tokenizer.added_tokens_decoder
+        assert lm.tokenizer.all_special_tokens == direct.tokenizer.all_special_tokens
+        assert lm.model.generation_config.eos_token_id == direct.model.generation_config.eos_token_id
+        text = "the theme <|im_start|>then"
+        assert lm.tokenizer(text)["input_ids"] == direct.tokenizer(text)["input_ids"]
+    ids = torch.tensor([[1, 2, 3, 257, 258]])
+    with torch.no_grad():
+        assert torch.equal(direct.model(ids).logits, hit.model(ids).logits)
+    # the entry lists the added tokens, so a load need not parse tokenizer.json for them
+    listed = json.loads((entry / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    assert {int(i): t["content"] for i, t in listed.items()} == {
+        i: t.content for i, t in direct.tokenizer.added_tokens_decoder.items()}
+
+
+def test_a_truncated_cached_gguf_model_is_rebuilt_not_a_crash(tiny_gguf, cache_root):
+    cpu = torch.device("cpu")
+    load_model(tiny_gguf, cpu)
+    (entry,) = entries(cache_root)
+    weights = entry / "model.safetensors"
+    os.truncate(weights, 100)
+    lm = load_model(tiny_gguf, cpu)
+    assert lm.model.config.name_or_path != str(entry)  # rebuilt from the GGUF
+    assert entry_problem(entry) is None and weights.stat().st_size > 100
+    assert load_model(tiny_gguf, cpu).model.config.name_or_path == str(entry)
+
+
+def test_the_cli_uses_the_cache_and_no_cache_skips_it(capsys, tiny_gguf, cache_root):
+    from helpers import run_cli
+
+    argv = ["run", "--target", tiny_gguf, "--draft", tiny_gguf + "@bfloat16", "--prompt", "the theme", "-N", "4",
+            "--quiet"]
+    code, out, err = run_cli(capsys, *argv, "--no-cache")
+    assert code == 0 and entries(cache_root) == []
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0 and len(entries(cache_root)) == 1 and not err.strip()
+
+
+def test_the_int4_copy_keeps_its_codes_in_the_cache_and_reads_back_the_same_copy(tiny_gguf, cache_root):
+    """`@int4` of a cached GGUF: the first load quantizes and writes the codes beside the converted model, the
+    next reads them (no quantize call) and builds the same copy; a damaged codes file is rebuilt; --no-cache
+    neither reads nor writes them."""
+    from specview.models import int4
+
+    cpu = torch.device("cpu")
+    uncached = load_model(tiny_gguf + "@int4", cpu, cache=False)
+    assert entries(cache_root) == []
+    first = load_model(tiny_gguf + "@int4", cpu)
+    codes_entry = next(e for e in entries(cache_root) if "int4" in e.name)
+    assert entry_problem(codes_entry) is None and (codes_entry / int4.CODES_FILE).is_file()
+
+    calls = []
+    real_quantize = int4.quantize
+    int4.quantize = lambda *a, **k: calls.append(1) or real_quantize(*a, **k)
+    try:
+        hit = load_model(tiny_gguf + "@int4", cpu)
+    finally:
+        int4.quantize = real_quantize
+    assert calls == []  # every matrix from the stored codes
+
+    def linears(model):
+        return {n: m for n, m in model.named_modules() if isinstance(m, int4.Int4Linear)}
+
+    reference = linears(uncached.model)
+    assert reference and "lm_head" not in reference  # (this tiny vocabulary of 261 has no 4-bit head)
+    for lm in (first, hit):
+        mine = linears(lm.model)
+        assert mine.keys() == reference.keys()
+        for name, module in mine.items():
+            for attr in ("packed", "scales_and_zeros", "halves"):
+                assert torch.equal(getattr(module, attr), getattr(reference[name], attr)), (name, attr)
+    ids = torch.tensor([[1, 2, 3, 257, 258]])
+    with torch.no_grad():
+        assert torch.equal(uncached.model(ids).logits, hit.model(ids).logits)
+
+    os.truncate(codes_entry / int4.CODES_FILE, 100)
+    rebuilt = load_model(tiny_gguf + "@int4", cpu)
+    assert entry_problem(codes_entry) is None
+    assert all(torch.equal(m.packed, reference[n].packed) for n, m in linears(rebuilt.model).items())
+    assert len([e for e in entries(cache_root) if "int4" in e.name]) == 1

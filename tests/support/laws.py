@@ -1,0 +1,71 @@
+"""The exact-law machinery every lossless test shares: the target's exact joint law of the first tokens by
+enumeration, empirical counts through the real engine, the total-variation distance and its threshold calibrated
+by simulating draws from the exact law (a correct sampler fails with probability ~0.1%)."""
+
+import itertools
+
+import numpy as np
+import torch
+
+from specview.core.settings import SamplingConfig
+from specview.engine.decoder import Decoder
+from specview.engine.sampling import probs_from_logits
+
+PROMPT = [1, 5]
+N_TOKENS = 3
+SAMPLES = 3000
+
+
+def exact_joint(target, cfg: SamplingConfig, vocab: int, prompt=PROMPT) -> np.ndarray:
+    """P(t1, t2, t3 | prompt) under the target, with the same temperature / top-k / top-p, by enumeration."""
+    seqs = torch.tensor(list(itertools.product(range(vocab), repeat=N_TOKENS)))
+    ids = torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], dim=1)
+    with torch.no_grad():
+        logits = target.model(ids).logits[:, len(prompt) - 1 : -1, :vocab]
+    probs = probs_from_logits(logits, cfg)  # [S, 3, V]
+    per_token = probs.gather(-1, seqs.unsqueeze(-1)).squeeze(-1)
+    return per_token.prod(dim=1).double().numpy()
+
+
+def speculative_counts(target, draft, cfg, k, vocab, samples=SAMPLES) -> np.ndarray:
+    decoder = Decoder(target, draft, cfg, k=k, seed=1234, ignore_eos=True)
+    counts = np.zeros(vocab**N_TOKENS)
+    for _ in range(samples):
+        run = decoder.start(PROMPT, N_TOKENS)
+        while not run.done:
+            run.step()
+        a, b, c = run.generated
+        counts[(a * vocab + b) * vocab + c] += 1
+    return counts
+
+
+def tv(counts: np.ndarray, exact: np.ndarray) -> float:
+    return 0.5 * np.abs(counts / counts.sum() - exact).sum()
+
+
+def tv_threshold(exact: np.ndarray, samples=SAMPLES, sims=2000, quantile=0.999) -> float:
+    rng = np.random.default_rng(0)
+    draws = rng.multinomial(samples, exact / exact.sum(), size=sims)
+    return float(np.quantile(0.5 * np.abs(draws / samples - exact).sum(axis=1), quantile))
+
+
+CASES = {
+    "temperature 1": SamplingConfig(temperature=1.0),
+    "temperature 0.7, top-k 3": SamplingConfig(temperature=0.7, top_k=3),
+    "top-p 0.8": SamplingConfig(temperature=1.0, top_p=0.8),
+}
+
+
+def drafter_counts(target, drafter, cfg, k, vocab, prompt, samples=SAMPLES) -> tuple[np.ndarray, int, int]:
+    """Counts of the first three tokens, and (drafted, rejected) over all runs: the test must see both."""
+    decoder = Decoder(target, drafter, cfg, k=k, seed=99, ignore_eos=True)
+    counts, drafted, rejected = np.zeros(vocab**N_TOKENS), 0, 0
+    for _ in range(samples):
+        run = decoder.start(prompt, N_TOKENS)
+        while not run.done:
+            step = run.step()
+            drafted += len(step.drafted)
+            rejected += step.rejected_at is not None
+        a, b, c = run.generated
+        counts[(a * vocab + b) * vocab + c] += 1
+    return counts, drafted, rejected

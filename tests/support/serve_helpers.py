@@ -1,0 +1,53 @@
+"""A real `specview serve` (uvicorn on a loopback port, the engine thread, tiny models) inside the test
+process, and the few client calls the serve tests share."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from contextlib import contextmanager
+
+import httpx
+
+from specview.core.settings import Settings
+from specview.serve.client import iter_sse
+from specview.serve.command import Served, listen
+from specview.session import open_session
+
+TIMEOUT = 60.0  # generous: the machine is shared; nothing waits this long when things work
+
+
+@contextmanager
+def running_server(settings: Settings, **kw):
+    """Serve `settings`' pair on 127.0.0.1:<free port> from a thread; stop it (as a signal would) after."""
+    session = open_session(settings)
+    served = Served(session, listen("127.0.0.1", 0), profile_dir=settings.profile_dir, **kw)
+    served.sock.listen(128)
+    thread = threading.Thread(target=asyncio.run, args=(served.serve(),), daemon=True)
+    thread.start()
+    try:
+        yield served
+    finally:
+        if served.loop is not None:
+            served.stop_threadsafe()
+        thread.join(TIMEOUT)
+        assert not thread.is_alive(), "the server did not stop"
+
+
+def stream_records(client: httpx.Client, path: str, body: dict | None = None, headers: dict | None = None):
+    """POST (with a body) or GET a text/event-stream -> the records, until the server ends it."""
+    method = "POST" if body is not None else "GET"
+    with client.stream(method, path, json=body, headers=headers, timeout=TIMEOUT) as response:
+        assert response.status_code == 200, response.read()
+        return [record for _, record in iter_sse(response.iter_lines())]
+
+
+def wait_for(predicate, what: str, client: httpx.Client) -> dict:
+    """Poll /health until predicate(health) holds: an observable state, not a guess at a duration."""
+    pause = threading.Event()
+    for _ in range(int(TIMEOUT / 0.01)):
+        health = client.get("/health").json()
+        if predicate(health):
+            return health
+        pause.wait(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
