@@ -162,9 +162,9 @@ def check_fast_forwards_on(kernel: str, small_llama_pair, small_vocab_pair, comp
     """With SPECVIEW_FASTLINEAR=`kernel` set by the caller: the Llama and GPT-2 fast forwards run every several-row
     product on it, one row on it or the compiled reduce, and compute what transformers computes (a prefill of 4,
     one row, a verify of the rest)."""
-    llama, _ = small_llama_pair
-    gpt2 = gpt2_variant(small_vocab_pair[0], "float32")
-    for lm, family in ((llama, llama.FastForward), (gpt2, gpt2.GPT2Forward)):
+    llama_lm, _ = small_llama_pair
+    gpt2_lm = gpt2_variant(small_vocab_pair[0], "float32")
+    for lm, family in ((llama_lm, llama.FastForward), (gpt2_lm, gpt2.GPT2Forward)):
         want = hf_logits(lm, PROMPT)
         runner = family(lm.model, compiled, gemv=gemv)
         assert {piece["rows"] for piece in runner.pieces().values()} == {kernel}
@@ -289,10 +289,10 @@ def test_a_build_that_fails_falls_back_to_eager_under_auto_and_is_one_line_under
 
 
 def test_compile_on_refuses_what_it_does_not_run(small_vocab_pair, monkeypatch):
-    gpt2, _ = small_vocab_pair
-    model = copy.deepcopy(gpt2.model)
+    gpt2_lm, _ = small_vocab_pair
+    model = copy.deepcopy(gpt2_lm.model)
     model.config.activation_function = "relu"  # a GPT-2 variant fastgpt2 does not run
-    relu = LoadedModel(gpt2.spec + "-relu", model, gpt2.tokenizer, gpt2.device, gpt2.dtype, gpt2.context_len)
+    relu = LoadedModel(gpt2_lm.spec + "-relu", model, gpt2_lm.tokenizer, gpt2_lm.device, gpt2_lm.dtype, gpt2_lm.context_len)
     monkeypatch.delenv("SPECVIEW_COMPILE")
     with pytest.raises(SpecviewError, match="cannot run compiled here: activation 'relu'"):
         fast_path.prepare(relu, "on")
@@ -304,7 +304,7 @@ def test_compile_on_refuses_what_it_does_not_run(small_vocab_pair, monkeypatch):
         fast_path.prepare(relu, "on")
 
 
-# ---- GPT-2 (gpt2.py): the same loop with GPT-2's layer ----
+# ---- GPT-2 (gpt2_lm.py): the same loop with GPT-2's layer ----
 
 def gpt2_variant(lm, variant: str) -> LoadedModel:
     fresh = LoadedModel(lm.spec, copy.deepcopy(lm.model), lm.tokenizer, lm.device, lm.dtype, lm.context_len)

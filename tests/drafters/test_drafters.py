@@ -67,7 +67,8 @@ def test_an_int4_target_drafts_with_ngram_and_its_own_layers(llama, compile_mode
     """The file's own precision as a target (`--target MODEL@int4`): n-gram lookup and layer skipping draft
     for it, greedy-equal to its own autoregressive decoding, on transformers' forward and compiled."""
     from specview.cpu import fast_path
-    from specview.cpu.forward import aot_compile, llama
+    from specview.cpu.forward import aot_compile
+    from specview.cpu.forward import llama as llama_forward
     from specview.drafters.specs import build
 
     if compile_mode == "on" and aot_compile.unavailable_reason():
@@ -83,7 +84,7 @@ def test_an_int4_target_drafts_with_ngram_and_its_own_layers(llama, compile_mode
             assert out == reference, spec
             assert sum(len(s.drafted) for s in steps) > 0, f"{spec} never drafted"
     finally:
-        llama.uninstall(target.model)
+        llama_forward.uninstall(target.model)
 
 
 def test_ngram_steps_name_their_source_and_draft_nothing_without_a_match(llama):
