@@ -54,6 +54,20 @@ class Session:
                        policy=policy or first_policy(s.draft_policy),
                        cost_curve=self.cost_curve() if "goodput" in s.draft_policy else None)
 
+    def memory(self) -> dict:
+        """Peak RSS since the process started, beside the bytes of each model's weights (the fast path's copies
+        included, each storage once): what decides whether a machine can hold the pair (run -v, bench)."""
+        from specview.engine.memory import peak_rss_mb, weights_mb
+
+        models = {self.target.spec: self.target.model}
+        for drafter in self.drafters:
+            lm = getattr(drafter, "lm", None)
+            if lm is not None and lm.model is not self.target.model:
+                models.setdefault(lm.spec, lm.model)
+        weights = {spec: round(weights_mb(model), 1) for spec, model in models.items()}
+        return {"peak_rss_mb": round(peak_rss_mb(), 1), "weights_mb": weights,
+                "weights_total_mb": round(sum(weights.values()), 1)}
+
     def cost_curve(self):
         """This machine's cost curve for the target (`specview calibrate`), or None."""
         mode = (self.forwards.get(self.settings.target) or {}).get("mode")
@@ -198,3 +212,11 @@ def start_event(session: Session, method: str, num_runs: int, settings: Settings
         "prompt_ids": session.prompt_ids if prompt_ids is None else prompt_ids,
         "max_new_tokens": s.max_new_tokens, "prompt": s.prompt,
     }
+
+
+def memory_line(memory: dict) -> str:
+    """Session.memory() in one line: the peak, and the weights it has to hold."""
+    parts = ", ".join(f"{spec} {mb:,.0f}" for spec, mb in memory["weights_mb"].items())
+    ratio = memory["peak_rss_mb"] / memory["weights_total_mb"] if memory["weights_total_mb"] else None
+    return (f"memory: peak RSS {memory['peak_rss_mb']:,.0f} MiB; weights {memory['weights_total_mb']:,.0f} MiB "
+            f"({parts})" + (f"; peak / weights {ratio:.2f}x" if ratio else ""))

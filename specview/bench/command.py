@@ -41,7 +41,7 @@ from specview.core.files import write_json_atomic
 from specview.core.policies import parse_policies
 from specview.core.settings import Settings
 from specview.core.stopping import Stop, Stopped
-from specview.session import open_session
+from specview.session import memory_line, open_session
 
 
 def bench_command(args) -> int:
@@ -94,6 +94,7 @@ def _bench(args, stop: Stop) -> int:
     if interrupted:
         doc["interrupted_after_rounds"] = complete
     stdout.print(render(doc))
+    stderr.print(memory_line(doc["memory"]), soft_wrap=True, highlight=False)
     if args.json:
         _write(args.json, doc, "--json")
         stderr.print(f"bench results written: {args.json}", soft_wrap=True)
@@ -238,6 +239,7 @@ def build_doc(session, args, ks: list[int], records: dict, load_start, peer_info
     doc["roofline"] = bench_roofline(session, records, s.k)
     doc["meta"] = {**session.meta(), "load_avg": {"start": list(load_start), "end": list(os.getloadavg())},
                    "load_s": session.load_s}
+    doc["memory"] = session.memory()  # the peak since start (loading included) beside the weights it holds
     return json.loads(json.dumps(doc, allow_nan=False))  # fail here, not halfway through a write
 
 

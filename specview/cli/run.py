@@ -18,7 +18,7 @@ from specview.core.metrics import Counts
 from specview.core.palette import LEGEND, ORIGIN_STYLES
 from specview.core.settings import Settings
 from specview.core.stopping import Stop
-from specview.session import open_session, start_event
+from specview.session import memory_line, open_session, start_event
 
 
 def token_origins(step: StepResult, method: str) -> list[str]:
@@ -144,6 +144,8 @@ def run_command(args) -> int:
         if not summary_console.is_terminal:
             summary_console.width = max(summary_console.width, 110)  # a pipe defaults to 80 columns: keep headers whole
         summary_console.print(summary_table(summaries, method))
+        if args.verbose:
+            err_console.print(memory_line(session.memory()), soft_wrap=True, highlight=False)
     if save_error:
         print(f"specview run: error: {save_error}", file=sys.stderr)
         return 2

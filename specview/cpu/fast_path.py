@@ -310,3 +310,27 @@ def install_linears(model) -> None:
     fused matrices), only on a first use of the stock forward (a layer-skip view has a model of its own: packed
     now)."""
     packed_linear.install(model, pack=runner_for(model) is None)
+
+
+def held_tensors(model) -> list[torch.Tensor]:
+    """Every tensor the fast path holds for `model` beside its parameters: the engine's forward's weights (fused
+    and packed copies, int4 codes) and the packed copies transformers' forward reads (memory.weights_mb counts
+    each storage once, so a weight shared with a parameter is not counted twice)."""
+    found: list[torch.Tensor] = []
+    runner = llama.runner_for(model)
+    if runner is not None:
+        _collect(vars(runner), found, depth=0)
+    for module in model.modules():
+        _collect(packed_linear._packed.get(module), found, depth=0)
+    return found
+
+
+def _collect(obj, found: list, depth: int) -> None:
+    if isinstance(obj, torch.Tensor):
+        found.append(obj)
+    elif depth < 6 and isinstance(obj, (list, tuple)):
+        for item in obj:
+            _collect(item, found, depth + 1)
+    elif depth < 6 and isinstance(obj, dict):
+        for item in obj.values():
+            _collect(item, found, depth + 1)

@@ -114,7 +114,10 @@ class Decoder:
             ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         runner = fast_path.runner_for(lm.model)  # kernels.prepare installed the compiled forward
         if runner is not None:
-            return runner(ids.view(-1), cache, keep or 0, tree)[:, : self.vocab]
+            logits = runner(ids.view(-1), cache, keep or 0, tree)[:, : self.vocab]
+            if self.timer.enabled:  # its norms are fused away from any hook: their modelled time (norm_ms)
+                self.timer.modelled("layernorm", runner.norm_ms(ids.numel()))
+            return logits
         extra = {} if tree is None else tree_arguments(lm.model, *tree)
         with fast_path.packed_products():
             out = lm.model(input_ids=ids.view(1, -1), past_key_values=cache, use_cache=True, logits_to_keep=keep or 0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import psutil
 import torch
@@ -47,3 +48,41 @@ def memory_mb(device: torch.device, placed: list[str] | tuple = ()) -> dict:
         out["devices"] = {name: torch.cuda.memory_allocated(name) / MB if name.startswith("cuda") else None
                           for name in placed}
     return out
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident set since it started (loading included), in MiB: the figure that decides whether
+    a machine can run a pair at all. getrusage's ru_maxrss is KiB on Linux, bytes on macOS."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / MB if sys.platform == "darwin" else peak / 1024
+
+
+def weights_mb(model: torch.nn.Module) -> float:
+    """The bytes of a model's parameters and buffers, each storage counted once (tied matrices share one), plus
+    the copies the CPU fast path holds for it (cpu/fast_path.py: packed, fused or re-laid-out weights)."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        total += _storage_bytes(tensor, seen)
+    from specview.cpu.fast_path import held_tensors
+
+    for tensor in held_tensors(model):
+        total += _storage_bytes(tensor, seen)
+    return total / MB
+
+
+def _storage_bytes(tensor, seen: set[int]) -> int:
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta":
+        return 0
+    try:
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        size = storage.nbytes()
+    except (RuntimeError, NotImplementedError):  # an opaque (mkldnn) tensor has no storage to share
+        key, size = id(tensor), tensor.numel() * tensor.element_size()
+    if key in seen or size == 0:
+        return 0
+    seen.add(key)
+    return size

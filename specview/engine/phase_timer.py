@@ -107,6 +107,17 @@ class PhaseTimer:
         split[part] = split.get(part, 0.0) + ms
         self.nested_spans.append((name, part, t0, t1))
 
+    def modelled(self, name: str, ms: float) -> None:
+        """A nested phase no clock inside the step can see (the norms a compiled forward fuses into the kernels
+        around them), from a model of its time; attributed to the open top-level phase like nested(), with no span
+        in the traces (there is no interval to draw). The profile names the source (meta.phase_sources)."""
+        part = self._stack[0] if self._stack else None
+        if part is None or not self.enabled:
+            return
+        self.ms[name] += ms
+        split = self.parts.setdefault(name, {})
+        split[part] = split.get(part, 0.0) + ms
+
     def nested_device(self, name: str, start, end, t0: float, t1: float) -> None:
         """Like nested(), timed by a pair of recorded CUDA events; resolved in end_step()."""
         part = self._stack[0] if self._stack else None

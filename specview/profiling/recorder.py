@@ -50,6 +50,27 @@ AUTOSAVE_S = 20.0  # seconds between autosaves of the profile JSON during a long
 _TAKEN: set[str] = set()  # stems handed out in this process (two recorders in one millisecond)
 
 
+def layernorm_source(lm, hooked: int) -> str:
+    """How a model's layernorm time is known: timed by hooks on its norm modules, modelled where the engine's own
+    forward runs (its norms fused into the kernels around them: cpu/forward/llama.py, norm_ms), or not at all."""
+    from specview.cpu.fast_path import runner_for
+
+    if runner_for(lm.model) is not None:
+        return "modelled: each norm of the engine's forward timed apart at the forward's row count"
+    if hooked:
+        return f"hooks on the norm modules ({hooked})"
+    return "unmeasured: no norm module in this model's forward"
+
+
+def phase_sources(device, layernorm: dict[str, str]) -> dict:
+    """meta.phase_sources: how each phase of the profile was measured."""
+    clock = {"cuda": "CUDA events, resolved once per step", "mps": "host clock, synchronised at phase edges"}.get(
+        device.type, "host clock")
+    return {"draft": clock, "verify": clock, "sample": clock, "cache": clock,
+            "other": "the step's wall time less the measured phases", "softmax": f"{clock}, inside sample",
+            "layernorm": layernorm}
+
+
 class ProfileRecorder:
     def __init__(self, session, method: str, profile_dir: str = "profiles", *, profile_ops: bool = False,
                  py_spy: bool = False, max_steps: int | None = None):
@@ -99,6 +120,9 @@ class ProfileRecorder:
             if lm is not None:
                 self.norm_counts[role] = self.norm_counts.get(role, 0) + self.hooks.install(lm.model)
         self.meta["norm_modules"] = dict(self.norm_counts)
+        self.meta["phase_sources"] = phase_sources(self.timer.device, {
+            role: layernorm_source(lm, self.norm_counts.get(role, 0))
+            for role, lm in (("target", decoder.target), ("draft", decoder.draft)) if lm is not None})
         if not self._started:
             self._started = True
             if self.py_spy is not None:

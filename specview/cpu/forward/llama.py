@@ -33,6 +33,7 @@ GPT-2's layer functions). Others run transformers' forward.
 
 from __future__ import annotations
 
+import time
 import weakref
 
 import torch
@@ -178,6 +179,7 @@ class FastForward:
         # the attention's dtype: half-precision attention is slow on CPU (module docstring)
         self.kv_dtype = torch.float32 if self.dtype in (torch.bfloat16, torch.float16) else self.dtype
         self.gemv, self.compiled = gemv, compiled
+        self._norm_ms: dict[int, float] = {}  # rows -> modelled norm time (norm_ms)
         # Whether the packed copies are chosen for one-row products too, which fastlinear's probe then weighs: an
         # eager forward runs every product on them. A compiled forward chooses its one-row product apart (`gemv`:
         # reduce, mm, or these copies where kernels.one_row_kernel timed them fastest for one row), so its copies
@@ -297,6 +299,27 @@ class FastForward:
                 if isinstance(entry, tuple) and entry and isinstance(entry[0], str):
                     out.extend(entry[1:] if entry[0] in ("fused", "split") else [entry])
         return [*out, self.lm_head]
+
+    def norms(self) -> list:
+        """Every norm of a forward, in its order: (weight,) for an RMSNorm, (weight, bias) for a LayerNorm."""
+        found = []
+        for layer in self.layers:
+            for name, entry in layer.items():
+                if isinstance(entry, torch.Tensor):
+                    found.append((entry,))
+                elif isinstance(entry, tuple) and entry and isinstance(entry[0], torch.Tensor) and name.startswith("ln"):
+                    found.append(entry)
+        final = self.final_norm
+        return [*found, final if isinstance(final, tuple) else (final,)]
+
+    def norm_ms(self, rows: int) -> float:
+        """The time this forward's norms take over `rows` rows, modelled: each norm run apart and eagerly on its own
+        weights at that row count (a compiled forward fuses them into the kernels around them, where no clock sees
+        them). Timed once per row count and kept; the profile names the source (meta.phase_sources)."""
+        cached = self._norm_ms.get(rows)
+        if cached is None:
+            cached = self._norm_ms[rows] = _time_norms(self.norms(), rows, self.eps)
+        return cached
 
     def new_cache(self) -> StaticKV:
         return StaticKV(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype)
@@ -456,6 +479,24 @@ def _functions(backend: str, eager: _Fns, rows: bool = False) -> _Fns:
 # ---- which models run it ----
 
 _runners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> FastForward
+
+
+@torch.inference_mode()
+def _time_norms(norms: list, rows: int, eps: float, repeats: int = 3) -> float:
+    """Milliseconds for one pass over `norms` at `rows` rows: the best of a few passes after a warm one."""
+    weight = norms[0][0]
+    x = torch.randn(rows, weight.shape[-1], dtype=weight.dtype)
+    best = float("inf")
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        for norm in norms:
+            if len(norm) == 2:
+                F.layer_norm(x, (x.shape[-1],), norm[0], norm[1], eps)
+            else:
+                rms_norm(x, norm[0], eps)
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    return best * 1000
 
 
 def install(model, compiled: bool, gemv: str | None = None, family: type = FastForward) -> FastForward:
