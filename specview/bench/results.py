@@ -45,7 +45,7 @@ def distill(bench: dict, name: str, cores: int | None = None) -> dict:
         "cores": cores,
         "threads": meta.get("threads"),
         "versions": {key: versions.get(key) for key in ("torch", "transformers", "python", "specview")},
-        "load_avg_start": ((meta.get("load_avg") or {}).get("start") or [None])[0],
+        "load_avg": {when: ((meta.get("load_avg") or {}).get(when) or [None])[0] for when in ("start", "end")},
         "config": {key: config.get(key) for key in keep},
         "forwards": {spec: (f or {}).get("mode") for spec, f in (meta.get("forwards") or {}).items()},
         "methods": {method: {key: m.get(key) for key in ("tokens_per_s", "speedup", "mean_s", "std_s", "drafter")}
@@ -106,7 +106,7 @@ def section(doc: dict) -> list[str]:
            f"| CPU | {machine(doc)} |",
            f"| versions | torch {v['torch']}, transformers {v['transformers']}, python {v['python']} |",
            f"| date | {doc['date']} |",
-           f"| load average at start | {num(doc['load_avg_start'])} |",
+           f"| load average (1 min) at start, end | {num(doc['load_avg']['start'])}, {num(doc['load_avg']['end'])} |",
            f"| memory bandwidth (probe) | {num(doc['bandwidth_gbs'], 1, ' GB/s')} |",
            f"| forwards | {', '.join(f'{spec}: {mode}' for spec, mode in doc['forwards'].items()) or 'n/a'} |",
            f"| command | `{command(doc)}` |", ""]
@@ -146,7 +146,8 @@ def headline(docs: list[dict]) -> str:
     c = doc["config"]
     lines = [BEGIN, "",
              f"`{command(doc)}` on {machine(doc)}, torch {doc['versions']['torch']}, {doc['date']} "
-             f"(greedy, K {c['k']}, {c['max_new_tokens']} tokens; [all machines](docs/benchmarks.md)):", ""]
+             f"({'greedy' if not c['temperature'] else 'temperature ' + str(c['temperature'])}, K {c['k']}, "
+             f"{c['max_new_tokens']} tokens; [all machines](docs/benchmarks.md)):", ""]
     lines += methods_table(doc)
     return "\n".join(lines + ["", END])
 
