@@ -84,7 +84,7 @@ def command(doc: dict) -> str:
 
 
 def machine(doc: dict) -> str:
-    """'AMD EPYC (avx2 avx512f ...), 1 thread of 2 cores': the CPU every figure of the file belongs to."""
+    """'<CPU model> (avx2 avx512f ...), 1 thread of 2 cores': the CPU every figure of the file belongs to."""
     cores = f" of {doc['cores']} cores" if doc.get("cores") else ""
     threads = doc["threads"]
     return f"{doc['cpu']} ({' '.join(doc['cpu_flags']) or 'no AVX2'}), {threads} thread{'s' * (threads != 1)}{cores}"
