@@ -5,7 +5,7 @@ STAMP   := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test fuzz stress bench bench-llamacpp bench-copy eval fidelity lint check clean
+.PHONY: install run test fuzz stress bench bench-llamacpp bench-copy eval fidelity results lint check clean
 
 install: $(STAMP)
 
@@ -89,6 +89,10 @@ eval: install
 # Pilot and in a real terminal (a tmux pane of 120x40; Pilot only without tmux), three sittings; ARGS=--terminal tmux.
 fidelity: install
 	$(PY) -m specview.tui.fidelity --rounds 3 --threads 1 $(ARGS)
+
+# docs/benchmarks.md and README's table from docs/results/*.json (add one: python -m specview.bench.results add --help).
+results: install
+	$(PY) -m specview.bench.results
 
 lint: install
 	.venv/bin/ruff check specview tests

@@ -168,7 +168,7 @@ def chi_square(draws: list[int], p: torch.Tensor) -> tuple[float | None, float |
 def chi_square_tail(stat: float, dof: int) -> float:
     """P(X >= stat) for X chi-square with `dof` degrees of freedom: the regularized upper incomplete gamma
     Q(dof/2, stat/2). torch has it, so specview needs no scipy (whose import transformers would then pay at every
-    start: about 0.5 s of a warm start's imports)."""
+    start: a noticeable share of a warm start's imports)."""
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
                                          torch.tensor(stat / 2, dtype=torch.float64)))
 

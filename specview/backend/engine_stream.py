@@ -1,7 +1,7 @@
 """The engine behind a stream: commands in, records out, one JSON object per line (docs/design.md, "Engine
 stream"). The TUI runs it as a child process so that nothing it draws can slow the engine down: in one
 process, Textual's rendering holds the GIL between the forward's small operators (a verify forward timed
-1.7x slower under the TUI than in `specview run`). The step records are the `specview.events/1` step
+markedly slower under the TUI than in `specview run`). The step records are the `specview.events/1` step
 records of `--jsonl`, plus what a viewer needs to draw them.
 
     python -m specview.backend.engine_stream SETTINGS_JSON        # Settings as JSON (settings.py)

@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """The `specview` console script: main(), then an exit without the interpreter's teardown. Tearing down the
-    modules torch, its compiler and transformers import takes about 1 s after the last line is printed (0.4 s
-    for `import torch` alone, measured with nothing loaded), on every command. The exit handlers still run
+    modules torch, its compiler and transformers import is a noticeable wait after the last line is printed (torch
+    alone pays part of it), on every command. The exit handlers still run
     (multiprocessing joins its children, ours close what they opened) and the streams are flushed; only the
     freeing of every object, which the operating system does at once, is skipped. With a live non-daemon
     thread, under a profiler or tracer (`python -m cProfile -o`, `-m trace`: they write their results after the

@@ -25,7 +25,7 @@ def cpu_name() -> str:
 
 
 # The instruction-set extensions that change which kernel wins. The model name alone does not tell them
-# apart: an AVX-512 EPYC and an AVX2-only one both report "AMD EPYC".
+# apart: an AVX-512 part and an AVX2-only one of the same family report the same name.
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "avx_vnni")
 
 
@@ -48,7 +48,7 @@ def cpu_flags() -> list[str]:
 
 
 def cpu_summary() -> str:
-    """'AMD EPYC (avx2 avx512f avx512_bf16)': what to print beside every figure measured here."""
+    """'<model name> (avx2 avx512f avx512_bf16)': what to print beside every figure measured here."""
     flags = cpu_flags()
     return f"{cpu_name()} ({' '.join(flags) or 'no AVX2'})"
 
@@ -60,8 +60,8 @@ def host_key() -> str:
 
 
 def last_level_cache_bytes() -> int:
-    """The largest CPU cache's size (sysfs; 0 where it does not say). Server CPUs vary by two orders of magnitude:
-    32 MiB on a Zen 3 EPYC's slice, 300 MiB on a 2-vCPU Xeon VM (Emerald Rapids) that reports its socket's L3."""
+    """The largest CPU cache's size (sysfs; 0 where it does not say). Server CPUs vary by an order of magnitude
+    and more: a small VM may report its whole socket's L3, hundreds of MiB."""
     sizes = [0]
     folder = "/sys/devices/system/cpu/cpu0/cache"
     try:
@@ -81,8 +81,8 @@ def last_level_cache_bytes() -> int:
 
 def past_caches(minimum: int) -> int:
     """Bytes a probe streams so that it reads from memory, as a target's forward does: at least `minimum`, and
-    twice the last-level cache. A probe of 64 MiB on that Xeon ran from L3 at 54 GB/s (DRAM: 32), where a
-    compiled multiply-and-sum beat F.linear by 1.16x; over a forward's 540 MB F.linear ran 1.7x faster."""
+    twice the last-level cache. A probe that fits in a large L3 reads faster than memory and can rank kernels in
+    the opposite order to a forward that streams its weights from memory."""
     return max(minimum, 2 * last_level_cache_bytes())
 
 

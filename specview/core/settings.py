@@ -12,8 +12,8 @@ DEFAULT_TARGET = BUNDLED_ALIAS
 # 4 bits too (fit to the model's own activations, int4.head_importance). It accepts 70-80% of its drafts at the
 # default temperature, so a first session shows what the tool is for (rejections, residuals, resampled tokens), as
 # a gpt2 / gpt2-xl pair does (60-80%). The int4 copy
-# alone holds the GGUF's own codes and head and agrees almost always: the fastest bundled draft (c ~0.45
-# against ~0.85 for the bfloat16 copy), which bench times beside the default (README "Drafters").
+# alone holds the GGUF's own codes and head and agrees almost always: the fastest bundled draft (a bfloat16 copy
+# costs nearly a target forward), which bench times beside the default (docs/guide/drafters-and-trees.md).
 DEFAULT_DRAFT = BUNDLED_ALIAS + "@int4+head"
 EXACT_DRAFT = BUNDLED_ALIAS + "@int4"
 BENCH_DRAFTS = f"{DEFAULT_DRAFT},{EXACT_DRAFT}"  # bench's default: the real-pair draft and the fastest one

@@ -142,7 +142,7 @@ def _family(model) -> tuple[type, str | None]:
 
 
 def _how_built(runner) -> str:
-    """'built ahead of time (loaded)' / '(built in 31.0 s)', or 'torch.compile': for --verbose and the profile."""
+    """'built ahead of time (loaded)' / '(built in N s)', or 'torch.compile': for --verbose and the profile."""
     if runner.backend != "aot":
         return "torch.compile"
     functions = [getattr(fns, name) for fns in (runner.fns, runner.fns_rows) for name in llama._Fns.NAMES]
@@ -190,10 +190,9 @@ def one_row_kernel(model, runner, say=lambda msg: None) -> str:
     (`runner`), whichever gives the fastest one-token forward here. 'reduce' is a multiply-and-sum inductor
     vectorizes, 'mm' F.linear (MKL's product), 'packed' each piece's packed copy where fastlinear's probe found
     its kernel best for one row (MLAS, thinmm or oneDNN), else F.linear: a candidate where some piece has such a
-    copy. The whole forward is timed with each, not one product: a product timed alone misleads. On a 2-vCPU
-    Xeon (AVX-512) the reduce beat MKL for a 1536x576 matrix called alone, yet the target's one-token forward ran
-    1.26x faster at one thread on MKL (which wins on the fused gate/up and the head, 86% of its bytes); on an
-    AVX2 EPYC MLAS read a one-row product's weights at about 21 GB/s against the compiled reduce's 17. A probe
+    copy. The whole forward is timed with each, not one product: a product timed alone misleads (the reduce can
+    beat MKL on a mid-sized matrix called alone and lose the forward, whose bytes sit mostly in the fused gate/up
+    and the head; which wins differs between CPUs). A probe
     leaves `runner` on the last kind it timed: the caller sets the choice (runner.set_one_row)."""
     products = runner.products()
     dense = [w for w in products if w[0] == "dense"]
@@ -243,8 +242,8 @@ def products_ms(model, rows: tuple[int, ...]) -> dict[str, float] | None:
     forward runs, over the model's own weights (streamed from memory as in a forward, the head included), best of
     5 (a figure taken while another process held the CPU stays in the cache: the roofline drops one above its
     forward's own time). What the roofline sets beside a forward's memory floor: where these take most of the forward, its kernels
-    bound it on this CPU (on an AVX2 EPYC torch's int4 kernel gets through its codes at 3 GB/s, against 25 for
-    memory), not the operators between them. None for a model on transformers' forward (its products are modules
+    bound it on this CPU (torch's int4 kernel has no fast path on some ISAs and gets through its codes far below
+    the memory's pace), not the operators between them. None for a model on transformers' forward (its products are modules
     of its own) or where timing them fails (the roofline goes without). Measured once per machine, torch, threads
     and the forward's pieces (each one's shape, dtype and kernels: an `@int4` head and an `@int4+head` one, packed
     and stock copies, are other products), kept in CHOICE_FILE."""

@@ -24,7 +24,7 @@ The engine takes a SkipModel's cache from its `new_cache()` (kvcache.new_cache).
 
 Measured on SmolLM2-135M (30 layers): the model is not redundant enough for this to pay off. Skipping
 any single layer already drops teacher-forced greedy agreement to 41-84%; calibrate's best default set
-(12-17) agrees on 47% of 32 tokens (predicted speedup 0.44x at K=4), and the engine ran 2-2.5x slower
+(12-17) agrees on 47% of 32 tokens (a predicted speedup below 1 at K=4), and the engine ran slower
 than plain decoding with it. Layer skipping is reported to work on 7B+ models (Draft & Verify, SWIFT).
 
 Caveat: the view shares the layer modules, so `view.train()` / `view.eval()` switch them for the
@@ -325,10 +325,9 @@ def calibrate(
     Returns (chosen skip set, report) where the report holds, per candidate tried, its agreement,
     costs and predicted speedup, plus the full model's tokens and the seconds each phase took.
     Cost: 1 prefill + `tokens` - 1 one-token forwards of the full model, plus one (prompt + `tokens`)-
-    token forward per candidate at a fraction c of the full cost. Measured on SmolLM2-135M, float32,
-    1 thread, 10-token prompt, on a 2-vCPU Xeon VM: 4.7 s with the defaults (2.7 s of greedy decoding,
-    2.0 s for the 11 candidates), 3.2 s with tokens=16, 1.8 s with tokens=12 and 4 candidates. The
-    greedy decode is the floor (one full forward per token); fewer tokens make the agreement noisier.
+    token forward per candidate at a fraction c of the full cost: the greedy decode is most of it and the
+    floor (one full forward per token); fewer tokens or candidates are quicker, and fewer tokens make the
+    agreement noisier.
     """
     if cost not in ("layers", "params"):
         raise ValueError(f"cost must be 'layers' or 'params', not {cost!r}")

@@ -1,9 +1,8 @@
 """llama.cpp as the draft: llama-cpp-python running a GGUF file with its own kernels (`--draft llamacpp`).
 
-On a CPU where torch has no fast 4-bit kernel the bundled `@int4` draft costs about a target token: on an AVX2
-EPYC (Zen 3, one thread) torch's int4 kernel reads its codes at 3 GB/s and the draft's forward takes 27 ms, the
-float32 target's 27. llama.cpp multiplies the same file's Q4_1 weights by 8-bit activations with its AVX2 dot
-products: 13.4 ms a token there. The draft is the file as llama.cpp computes it (its own activation rounding
+On a CPU where torch has no fast 4-bit kernel (AVX2 without AVX-512) the bundled `@int4` draft costs about a
+target token: torch's int4 kernel reads its codes far below the memory's pace. llama.cpp multiplies the same
+file's Q4_1 weights by 8-bit activations with its AVX2 dot products, at a fraction of that cost. The draft is the file as llama.cpp computes it (its own activation rounding
 and kernels), which the engine's accept test needs nothing of: q is whatever llama.cpp's logits give after the
 same temperature / top-k / top-p as p, the token is drawn from q by the engine's generator, and the output stays
 the target's, as for every drafter.
@@ -149,9 +148,10 @@ llm.eval([llm.token_bos(), 1, 2, 3])
 
 def crash_reason(path: str) -> str | None:
     """Why llama.cpp cannot decode here although it loads, or None: a short decode in a process of its own. A
-    build can hold instructions the machine refuses: on a Xeon VM llama.cpp's own build (-march=native) ran AMX
-    tile instructions, which that VM does not pass through, and died of SIGILL, taking the whole process with it.
-    Tried once per machine, llama-cpp-python build and file (~2 s), the outcome kept in the cache folder."""
+    build can hold instructions the machine refuses: in a VM whose CPU flags list AMX, llama.cpp's own build
+    (-march=native) ran AMX tile instructions, which the VM does not pass through, and died of SIGILL, taking the
+    whole process with it. Tried once per machine, llama-cpp-python build and file (a short decode), the outcome
+    kept in the cache folder."""
     import signal
     import subprocess
     import sys

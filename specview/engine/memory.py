@@ -16,8 +16,8 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 def rss_mb() -> float:
     """The process's resident set, in MiB. Every step records it: on Linux one read of /proc/self/statm through a
-    descriptor kept open (the file psutil parses too: 5 us, where psutil took 150 us a step right after a forward,
-    its Python cold in the cache); psutil elsewhere."""
+    descriptor kept open (the file psutil parses too, at a small fraction of psutil's cost right after a forward,
+    when its Python is cold in the cache); psutil elsewhere."""
     global _STATM
     pid = os.getpid()
     try:

@@ -1,16 +1,16 @@
 """A disk cache of models converted from GGUF, so only the first start pays for the conversion.
 
 transformers reads a .gguf file slowly: it parses the metadata with the pure-Python `gguf` reader
-(three times: tokenizer, config, weights) and dequantizes every tensor, ~25-40 s for the bundled
-SmolLM2-135M on 2 cores. The result is an ordinary float32 model, so we save it once with
+(three times: tokenizer, config, weights) and dequantizes every tensor: tens of seconds for the bundled
+SmolLM2-135M. The result is an ordinary float32 model, so we save it once with
 `save_pretrained` (safetensors weights + config + tokenizer files) and later load that folder through
-the normal local-folder path (~1 s).
+the normal local-folder path, many times faster.
 
 Layout: `<cache dir>/<name>-<key>/` where the cache dir is $SPECVIEW_CACHE_DIR, else
 $XDG_CACHE_HOME/specview, else ~/.cache/specview, and the key is a hash of:
   - the sha256 of the GGUF file's bytes. A full hash and not (path, size, mtime): it is sound (a file
     edited or replaced in place, or a copy elsewhere, maps to the right entry) and cheap enough here
-    (~0.1 s for the 98 MB bundled file with SHA-NI, from the page cache);
+    (a small share of a warm start for the 98 MB bundled file, from the page cache);
   - the torch and transformers versions (the conversion, and the saved format, may change with them);
   - FORMAT, bumped when what we write changes.
 

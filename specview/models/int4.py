@@ -209,7 +209,7 @@ def head_importance(model: nn.Module, rows: int = CALIBRATION_ROWS, tokens: int 
     `@int4+head` draft against the target, 576 sampled positions of 12 built-in eval prompts, temperature 0.6) it
     raises sum(min(p, q)), the chance a draft is accepted, from 0.886 to 0.923, and greedy agreement from 86.6% to
     91.9% (`@int4`, the GGUF's own head: 0.981 and 97.7%); 4 x 64 or 1 x 128 calibration tokens did no better.
-    About 4 s on a 2-core CPU (32 forwards of 4 rows): once for a GGUF, whose codes are cached with the converted
+    32 forwards of 4 rows, seconds on a CPU: once for a GGUF, whose codes are cached with the converted
     model (docs/design.md §2); at every start for a hub model or a folder, and with --no-cache. The start token is
     the BOS, else the EOS, else 0. The model is put in eval mode meanwhile (dropout would draw from the global RNG
     and change the text), then back in the mode it was in."""
@@ -303,14 +303,14 @@ def int4_copy(model: nn.Module, group_size: int = GROUP_SIZE, head: bool = False
     transformers.pytorch_utils.Conv1D, whose weight is stored transposed [in, out]) are replaced by an
     Int4Linear module; everything else (embeddings, norms, and the lm_head, tied or not) is bfloat16.
     With `head`, the lm_head is an Int4Linear too (untied: the input embedding stays a bfloat16 lookup), its codes
-    fit to the activations the model itself produces (head_importance: 4 x 32 sampled tokens, about 4 s).
+    fit to the activations the model itself produces (head_importance: 4 x 32 sampled tokens).
     The input model is not modified. `stored` (load_codes of an earlier copy of the same weights, the same group
-    size and head) gives every matrix its codes without quantizing: the same copy, 0.5 s sooner for SmolLM2."""
+    size and head) gives every matrix its codes without quantizing: the same copy, sooner."""
     check_int4_supported(model, next(model.parameters()).device, group_size, head)
     # The copy is made without copying a weight twice: the matrices about to be replaced are read, not copied (the
-    # copy's modules point at the source's until their Int4Linear replaces them; a full copy of them cost 0.3 s a
-    # start), and every other parameter (the embedding, the norms) enters the copy already bfloat16, as the cast
-    # at the end would leave it (a float32 copy of the 113 MB embedding and then its cast cost 0.15 s). The codes
+    # copy's modules point at the source's until their Int4Linear replaces them; a full copy of them cost every
+    # start time), and every other parameter (the embedding, the norms) enters the copy already bfloat16, as the cast
+    # at the end would leave it (a float32 copy of the 113 MB embedding and then its cast cost time and memory). The codes
     # are made from the source's modules, in the source's precision (float32 for the GGUF model: that is what
     # makes them come back exactly), also for a head tied to the embedding, whose copy is bfloat16 by then. A copy
     # even of a bfloat16 source (copy=True): the draft must never share a tensor with the target it came from.

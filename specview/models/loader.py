@@ -203,8 +203,8 @@ def _from_pretrained(src: ModelSource, spec: str, folder: str | None = None, pla
 def _record_added_tokens(tokenizer, folder) -> None:
     """Write the tokenizer's added tokens into the entry's tokenizer_config.json. transformers leaves them out
     for a tokenizers-backed tokenizer, and its load then parses the whole tokenizer.json in Python (3.5 MB for
-    SmolLM2: 0.3 s of every warm start) only to find them again; with them listed it skips that parse. The
-    tokenizer is the same either way (tests/test_gguf_cache.py compares them)."""
+    SmolLM2: a visible part of every warm start) only to find them again; with them listed it skips that parse. The
+    tokenizer is the same either way (tests/models/test_gguf_cache.py compares them)."""
     path = os.path.join(folder, "tokenizer_config.json")
     with open(path, encoding="utf-8") as f:
         config = json.load(f)
@@ -351,7 +351,7 @@ def _int4_copy(base: torch.nn.Module, src: ModelSource, cache: bool) -> torch.nn
 def cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """`copy.deepcopy(model).to(dtype)` without the full-precision intermediate copy: each parameter
     is cast straight into the copy (deepcopy's memo maps it; tied weights stay tied), then `.to`
-    casts the buffers as before. About half the time (0.3 s instead of 0.6 s for SmolLM2-135M)."""
+    casts the buffers as before: about half the time, and no float32 copy at its peak."""
     memo: dict = {}
     with torch.no_grad():
         for p in model.parameters():  # each shared parameter once; .to(dtype) casts only floating ones

@@ -22,8 +22,8 @@ import time
 from specview.core.host import host_key, past_caches, positive_number, read_cached, store_cached
 from specview.core.prompt_text import ascii_int
 
-PROBE_BYTES = 256 * 2**20  # the streamed tensor, at least: past the CPU's caches (machine.past_caches), ~10 ms to read
-PROBE_REPEATS = 20  # best of: a shared machine's noise only ever adds time (~0.2 s in all)
+PROBE_BYTES = 256 * 2**20  # the streamed tensor, at least: past the CPU's caches (host.past_caches)
+PROBE_REPEATS = 20  # best of: a shared machine's noise only ever adds time (the whole probe stays well under a second)
 CACHE_FILE = "bandwidth.json"
 
 
@@ -74,7 +74,8 @@ def _busy(load: float | None) -> bool:
 
 
 def probe_bytes(device) -> int:
-    """A 300 MiB L3 (a 2-vCPU Xeon VM) held most of 256 MiB: 34 GB/s against 32 from memory."""
+    """PROBE_BYTES, or more where the last-level cache is large: a cache that holds most of the tensor reads it
+    faster than memory and the floor would be too low."""
     import torch
 
     return past_caches(PROBE_BYTES) if torch.device(device).type == "cpu" else PROBE_BYTES
@@ -278,7 +279,7 @@ class ForwardTally:
         """products_ms per forward, where (nearly) every forward has a figure: a mean over a few would be set
         beside the mean of all. Not a figure above the forward's own time: the products are part of the forward, so
         such a figure was timed while something else took the CPU (kernels.products_ms keeps its first timing per
-        machine; on a shared 2-core VM a draft's products once came out at 46.7 ms beside forwards of 17.0 ms), and
+        machine; on a shared machine a draft's products once came out at several times its whole forward), and
         the diagnosis would blame the kernels on it."""
         if not n or self.timed < COVERED * n:
             return {"products_ms": None}

@@ -393,8 +393,8 @@ def tui_command(args) -> int:
 
 def engine_settings(settings):
     """The settings the engine child runs with: with --threads unset, one thread fewer than the cores this process
-    may use. torch's default takes every core, and its threads then wait on the screen's: on a 2-core machine a
-    load took 35-52 s and a step several seconds, against 10 s and 35 tokens/s with one thread (measured)."""
+    may use. torch's default takes every core, and its threads then wait on the screen's: on a 2-core machine the
+    load and every step became several times slower than with one engine thread."""
     if settings.threads is not None:
         return settings
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

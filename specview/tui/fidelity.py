@@ -268,7 +268,7 @@ def bracket(before: dict, after: dict) -> dict:
 
 def noise_note(runs: list[dict]) -> str | None:
     """How far the headless runs themselves moved during the sitting: a TUI/headless ratio can only be judged
-    against a bar wider than that (on a shared VM the same run measured 24.7 to 33.7 tokens/s minutes apart)."""
+    against a bar wider than that (on a shared VM the same headless run can move by a third minutes apart)."""
     spreads = {}
     for key, name in (("verify_ms", "verify"), ("draft_ms_per_token", "draft per token")):
         values = [run[key] for run in runs if run[key]]

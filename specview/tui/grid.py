@@ -1,11 +1,12 @@
 """Tables of one-line cells, drawn as `rich.table.Table(box=None, pad_edge=False, padding=(0, 1))` draws
 them, at a fraction of the cost (rich only, no textual).
 
-A rich Table measures every cell, then renders every cell through a Padding: 2.5 ms for the block's 5x7
-table, most of what a redraw cost. Here a table whose cells all fit their columns is laid out once, a
+A rich Table measures every cell, then renders every cell through a Padding: for the block's small table
+that was most of what a redraw cost. Here a table whose cells all fit their columns is laid out once, a
 line of Text per row; one that would need rich's cropping, folding or collapsing (a cell wider than its
 column, a table wider than the room) is left to rich (`lines()` says None, `rich()` is the same table as
-a rich Table). tests/tui/test_tui_redraw.py holds the two to the same output."""
+a rich Table). tests/tui/test_tui_redraw.py holds the two to the same output
+(test_the_fast_tables_draw_what_rich_draws, test_the_block_draws_what_rich_draws)."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ Two ways, both inductor writing C++ for the CPU and building it with the system'
                   gives it (a model's one-row layer: every shape static) and built into a `.pt2` package in
                   `<cache folder>/aot/threads-N`. A later process loads the package in milliseconds, without
                   importing torch.compile's modules or tracing anything, and calls it through a C++ runner: no
-                  guards, no Python wrapper per call (30 layers x 2 calls a token: 5.6 against 7.3 ms for the
-                  int4 draft's attn_out, AVX-512 EPYC, 1 thread). The first build takes about 10 s a function.
+                  guards, no Python wrapper per call (a forward makes two calls a layer, so a wrapper's cost
+                  shows in a small draft's step). The first build takes seconds a function.
     compile_fn    torch.compile (dynamo + inductor), its FX graph cache in `<cache folder>/inductor`: a second
                   process still imports dynamo and traces again (a few seconds). The probes use it, and
                   SPECVIEW_AOT=0 puts the forward on it (the test suite does, to build fewer packages).
@@ -245,8 +245,8 @@ class AotFunction:
 
     def _flatten(self, args) -> list:
         """The call's tensors in order. The tuple arguments are a layer's weights, the same objects on every call
-        (a tuple cannot change): their tensors are listed once, not walked again 60 times a forward (about
-        0.3 ms of a 7 ms int4 draft forward at 2 threads)."""
+        (a tuple cannot change): their tensors are listed once, not walked again twice a layer on every forward
+        (which a small draft's forward feels)."""
         out = []
         for a in args:
             if isinstance(a, torch.Tensor):

@@ -10,16 +10,15 @@ layer, each a dispatch that costs microseconds whatever its size. Here a layer i
 
 with the attention itself between them (the new keys and values written into a preallocated cache,
 scaled_dot_product_attention over its filled prefix). A bfloat16 or float16 model keeps that cache in
-float32 and attends in float32: torch's CPU attention in bfloat16 costs 7x as much at 256 positions
-(240 against 35 us per layer for one query, AVX-512 EPYC, torch 2.13) and grows with the context; the
+float32 and attends in float32: torch's CPU attention in bfloat16 costs several times as much and grows with
+the context; the
 keys and values are the same numbers (a widening is exact), only the attention's rounding differs. With `compile`, inductor fuses
 each function into a few C++ kernels; the same two compiled functions serve all layers (their weights
 are arguments), so a 30-layer model compiles two small graphs, not one long one, and the compiled
 functions are kept on disk (aot_compile.py). Each function is compiled twice: for one row (a token) and
 for several (a verify, a prefill: one graph whose row count is symbolic). Several rows multiply by
 packed weights (oneDNN's, MLAS's or thinmm's: packed_linear.product), operators the graph calls as they are; the
-norms, rotary and activations around them fuse (a 5-row verify of SmolLM2-135M: 49 against 55 ms
-eager, 1 thread, AVX-512 EPYC).
+norms, rotary and activations around them fuse, so a verify gains too, not only a one-token step.
 
 A matrix product of one row can run as a multiply-and-sum reduction that inductor writes as one
 vectorized pass over the weights (`gemv="reduce"`), or as a matmul kernel (`"mm"`): which is faster
@@ -84,8 +83,8 @@ def linear(x: torch.Tensor, w, gemv: str) -> torch.Tensor:
         return y if bias is None else y + bias
     if w[0] == "int4":
         # torch's int4 kernel, or thinmm's (`thin`: its copy of the codes) where it measured faster. Not written as
-        # torch ops (unpack, scale, multiply, sum): inductor's one-row loop over 4-bit codes ran 2-4x slower than
-        # torch's kernel (AVX-512 EPYC, torch 2.13).
+        # torch ops (unpack, scale, multiply, sum): inductor's one-row loop over 4-bit codes ran several times slower
+        # than torch's kernel.
         _, packed, sz, group, bias, _halves, thin = w
         if thin is not None:
             y = torch.ops.specview_thinmm.int4_linear(x, thin[0], thin[1], group)
@@ -161,7 +160,7 @@ def attend(q, k, v, keys, values, ends, mask, scale: float):
 def layer(h, norm1, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int, keys, values, ends, mask,
           scale: float, o, norm2, gate_up, down, inter: int, gemv: str):
     """A whole layer, its cache write and attention inside: one call a layer instead of two calls, two cache writes
-    and an attention between them (about 1 ms of a 5 ms int4 draft forward, AVX-512 EPYC, 2 threads)."""
+    and an attention between them (the calls' own overhead is a visible share of a small draft's forward)."""
     q, k, v = attn_in(h, norm1, eps, qkv, cos, sin, heads, kv_heads, head_dim, gemv)
     attn = attend(q, k, v, keys, values, ends, mask, scale)
     return attn_out(h, attn, o, norm2, eps, gate_up, down, inter, gemv)
@@ -183,8 +182,8 @@ class FastForward:
         # Whether the packed copies are chosen for one-row products too, which fastlinear's probe then weighs: an
         # eager forward runs every product on them. A compiled forward chooses its one-row product apart (`gemv`:
         # reduce, mm, or these copies where kernels.one_row_kernel timed them fastest for one row), so its copies
-        # are the verify's best: chosen for both, the 5-row products of the Xeon's target ran F.linear at 13 GB/s
-        # whenever the one-row probe had picked the copies, because thin lost one row to MKL by 3%.
+        # are the verify's best: chosen for both, a verify's products fell back to F.linear whenever a copy lost
+        # the one-row probe by a hair, and F.linear is slow at several rows.
         self.one_row_packed = not compiled
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # _rotary's cos, sin by position
         self._bound: dict = {}  # (id(fns), gemv, positional, masked) -> _bound_layers' calls
@@ -345,7 +344,7 @@ class FastForward:
         ends = torch.empty(end, dtype=torch.bool) if start > 0 else None
         if rows == 1 and start == 0 and self.compiled:
             # Rare (a text from BOS alone): uncompiled, so that no package is built for it in the middle of a timed
-            # step (about 10 s the first time on a machine)
+            # step (a build takes seconds the first time on a machine)
             fns, gemv = self._eager_functions(), "mm"
         mask = None
         if rows > 1:

@@ -24,7 +24,7 @@ def head_weight(module, one_row: bool = True):
     times a scale per 32 (thin_kernels.int8_codes: a GGUF's Q8_0 head, as the bundled model's tied one is) and the int8
     kernel measures faster here (packed_linear.int8_kernel); else as linear_weight makes any linear. The same product
     up to float rounding order either way, so the choice is automatic. Only the head is examined: the check reads
-    the whole matrix (0.1 s for a 49k x 576 head), and a model's largest matrix is where bytes saved count most."""
+    the whole matrix (a cost every start pays), and a model's largest matrix is where bytes saved count most."""
     weight = getattr(module, "weight", None)
     if (type(module).__name__ == "Linear" and isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
             and weight.device.type == "cpu"):  # the kernel is a CPU one (a head offloaded by a device map: as it is)
@@ -82,7 +82,7 @@ def fuse_int4(modules):
     """int4 layers fused by stacking their codes: the same codes, scales and zeros, one kernel call instead of
     three (or two). Where the packer lays rows out in blocks that every part fills (int4.packed_row_block), the
     packed parts are stacked as they are; else the codes are recovered from the split_halves layout and packed
-    again (0.25 s of a start for the bundled model)."""
+    again (slower: a cost of every start)."""
     weights = [int4_weight(m) if type(m).__name__ == "Int4Linear" else None for m in modules]
     if any(w is None or w[4] is not None or w[5] is None for w in weights) or len({w[3] for w in weights}) > 1:
         return ("split", *(linear_weight(m) for m in modules))

@@ -1,16 +1,15 @@
 """onnxruntime's MLAS as a kernel for thin float32 products: a verify's K+1 rows by a weight matrix.
 
 A verify multiplies a few rows by every weight, and on a CPU without AVX-512 the kernels torch reaches do that
-far below the memory's pace: oneDNN's packed product ran 5 rows at 17-24 GFLOP/s on an AVX2 EPYC (Zen 3, one
-thread), so a 5-row verify of SmolLM2-135M spent 52 ms in its products against 24 for one row. MLAS, the
-kernel library inside onnxruntime, multiplies the same 5 rows by a weight it packed once at 50-70 GFLOP/s: all
-210 layer matrices and the head in 28-30 ms at 5 rows, 26 at one (the float32 weights stream at 20 GB/s).
+far below the memory's pace: oneDNN's packed product is arithmetic-bound there, so a 5-row verify costs about
+twice a one-row forward in its products alone. MLAS, the kernel library inside onnxruntime, multiplies the same
+rows by a weight it packed once close to the pace of reading that weight, so 5 rows cost little more than one.
 
 Each weight becomes a one-node onnxruntime session (a Gemm whose B is that weight, handed over in memory), which
 packs it once for MLAS at session start. The price is memory: onnxruntime keeps a copy of the weight it was handed
 besides its packed one, so MLAS costs two copies of the weights it runs where oneDNN costs one (a weight given as
-a graph input is not copied, but then not packed either, and its products ran 2.3x slower). A product is then one
-`session.run` (7 us of overhead; 121 a forward), on the calling thread. The result is the same product up to float
+a graph input is not copied, but then not packed either, and its products ran much slower). A product is then one
+`session.run` (a small fixed overhead, paid once per matrix of a forward), on the calling thread. The result is the same product up to float
 summation order, as with any change of kernel. fastlinear's probe decides per machine, dtype and shape whether
 this, oneDNN's packed product or F.linear runs a forward's products; nothing here runs unless it measured faster.
 
@@ -76,10 +75,10 @@ class _Product:
         self.array = (weight.t() if transposed else weight.contiguous()).detach().numpy()
         options = ort.SessionOptions()
         # One thread, the caller's: a session's own pool would be N - 1 threads per weight (121 sessions a model:
-        # thousands of threads on a many-core host), and one pool shared by every session ran a 2-thread verify of the
-        # bundled target in 77-95 ms against 40 (its threads spin between products, when torch needs the cores). At
-        # 2 threads MLAS on one (43 ms a 5-row verify) and on two (40 ms) were close; fastlinear's probe weighs it
-        # against oneDNN's threaded product at the engine's thread count.
+        # thousands of threads on a many-core host), and one pool shared by every session about doubled a 2-thread
+        # verify (its threads spin between products, when torch needs the cores). At 2 threads MLAS on one thread
+        # and on two were close; fastlinear's probe weighs it against oneDNN's threaded product at the engine's
+        # thread count.
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
         options.log_severity_level = 3  # errors only: no warnings about the graph's provenance

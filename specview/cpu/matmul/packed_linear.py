@@ -4,21 +4,13 @@ Decoding multiplies a few rows (1 token, or the K+1 of a verify) by every weight
 is bound by reading the weights. On CPU, `F.linear` reads them far below the memory bandwidth for
 such thin products, and its cost grows with the row count. oneDNN's linear on weights reordered once
 into its blocked layout reads them at close to the bandwidth and costs about the same for 1 to 8
-rows (a prefill of 8 to 512 tokens runs about 2x faster too). Measured on a 2-core AMD EPYC
-(AVX-512), all 210 layer matrices of SmolLM2-135M:
+rows (a prefill runs faster too). The figures per machine are in docs/benchmarks.md.
 
-    rows            1        2        5
-    float32   23.0 ms  35.2 ms  35.9 ms   F.linear
-              10.3 ms  10.6 ms  10.9 ms   packed
-    bfloat16  13.3 ms  13.7 ms  13.9 ms   F.linear
-               6.7 ms   6.9 ms   7.1 ms   packed
-
-On a CPU without AVX-512 oneDNN's packed product is far from that: on an AVX2 EPYC (Zen 3) it ran 5 rows at
-17-24 GFLOP/s. There MLAS, onnxruntime's kernel library (onnx_mlas.py), runs them at 50-70 on a copy it packs
-itself: 5 rows through all 210 matrices and the head in 28-30 ms against 52 for oneDNN, one thread. Which
-of F.linear ('stock'), oneDNN ('packed'), MLAS ('mlas') and specview's own thin-product kernel ('thin', thin_kernels.py:
-on a Xeon 9 rows through the layers in 1.4x one row's time, MKL's sgemm in 2.2x) runs each weight shape is measured per
-machine (`chosen`).
+Without AVX-512 oneDNN's packed product is arithmetic-bound at a few rows, and MLAS, onnxruntime's kernel
+library (onnx_mlas.py), runs them faster on a copy it packs itself. Which of F.linear ('stock'), oneDNN
+('packed'), MLAS ('mlas') and specview's own thin-product kernel ('thin', thin_kernels.py: its cost grows
+slowly with the rows where MKL's sgemm grows fast) runs each weight shape differs by CPU, so it is measured
+per machine (`chosen`), never assumed.
 
 The result is the same product up to float summation order (~1e-6 relative in float32), as with
 any change of kernel. The packed copy costs memory: one more copy of each model's linear weights (two with
@@ -27,14 +19,14 @@ MLAS, onnx_mlas.py; thin's panels one).
 Only the engine's forwards use it: `install(model)` gives each nn.Linear a forward that takes the
 packed path inside `active()` and is plain `F.linear` everywhere else, so transformers' own
 generate() (bench's peers) runs the stock code on the same model objects. Weights are packed at
-install (about 0.4 s for SmolLM2-135M), except for a model that runs fastdecode's forward (engine.install_linears:
+install (a start pays it once per model), except for a model that runs fastdecode's forward (engine.install_linears:
 that forward packs its own fused matrices, and these would be a second copy never read); one changed in place
 later (its `_version` moves) is packed again on its next forward.
 
 An `@int4` product has two kernels to choose from the same way (`int4_kernel`): torch's int4 kernel on its packed
 codes, or thinmm's on a copy of the codes in its own layout (half a byte a weight more: 66 MB for the bundled
-int4 draft), chosen per shape where it measures faster. On the Xeon it read the draft's codes at 18 GB/s against
-torch's 12-13, and the draft's one-token forward went from 7.8 to 5.1 ms.
+int4 draft), chosen per shape where it measures faster (on some CPUs torch's kernel reads its codes well below
+the memory's pace).
 """
 
 from __future__ import annotations
@@ -99,7 +91,7 @@ PROBE_MATRICES = 512  # ...but no more matrices than this (a tiny model's shape 
 # The kernels a product can run: F.linear, specview's own thin-product kernel on a copy in panels (thin_kernels.py),
 # oneDNN on a packed copy, MLAS (onnxruntime) on its own packed copy. In the order of what they cost to hold, which
 # choose() prefers on a tie: nothing; a copy of the weights (and a library built once per machine); a copy; two
-# copies and an onnxruntime session a matrix (32 sessions took 0.45 s of every warm start of the bundled pair).
+# copies and an onnxruntime session a matrix (whose creation every warm start pays again).
 KERNELS = ("stock", "thin", "packed", "mlas")
 
 
@@ -120,10 +112,9 @@ def int4_label() -> str:
 
 
 def chosen(dtype: torch.dtype, shape: tuple[int, int] = (2048, 2048), one_row: bool = True) -> str:
-    """Which kernel runs this dtype and weight shape fastest here: not the same on every CPU. On a 2-vCPU Xeon
-    with AMX a SmolLM2 forward ran 1.2x slower packed in float32, where on an AVX-512 EPYC it runs 1.3x (one
-    token) to 2x (a 5-token verify) faster; on an AVX2 EPYC MLAS runs a 5-row verify's products in 0.55x
-    oneDNN's time. `one_row=False`: for a forward whose one-row products run another kernel (fastdecode's
+    """Which kernel runs this dtype and weight shape fastest here: not the same on every CPU (packed float32
+    loses to F.linear on some AVX-512 hosts and wins on others; MLAS wins a verify's rows where oneDNN has no
+    AVX-512 path), so it is measured, never assumed. `one_row=False`: for a forward whose one-row products run another kernel (fastdecode's
     compiled one), so only a verify's rows count."""
     return choose(probe_seconds(dtype, shape), one_row)
 
@@ -172,9 +163,9 @@ def choose(seconds: dict, one_row: bool = True) -> str:
 def beats(seconds: dict, kernel: str, other: str, one_row: bool = True) -> bool:
     """For a forward that runs both passes with these kernels (one row: a drafting or decoding step; PACK_ROWS
     rows: a verify), `kernel` beats `other` when it clearly wins one pass and does not lose the other beyond the
-    noise; with `one_row=False`, when it clearly wins the rows. Summing the two passes hid a verify's gain: on an
-    AVX2 EPYC the packed 576x1536 product took 0.86x the stock time at 5 rows and 1.24x at one, and the compiled
-    forward's verify, whose one row runs another kernel, kept F.linear."""
+    noise; with `one_row=False`, when it clearly wins the rows. Summing the two passes hid a verify's gain: a
+    kernel that wins clearly at 5 rows and loses at one summed to a loss, and the compiled forward's verify,
+    whose one row runs another kernel, kept F.linear."""
     one = seconds[f"{kernel}_one"] / seconds[f"{other}_one"]
     rows = seconds[f"{kernel}_rows"] / seconds[f"{other}_rows"]
     if not one_row:
@@ -189,8 +180,8 @@ NOISE = 1.03  # the other pass may be this much slower (best-of-5 timings on a s
 def probe_matrices(dtype: torch.dtype | None, shape: tuple[int, int]) -> int:
     """How many distinct matrices of this shape a kernel probe cycles through: enough to stream them from memory
     as a target's forward streams its weights (host.past_caches), but at most PROBE_MATRICES (a small model's
-    weights all fit in cache, and so do the probe's, as in its forward). Which kernel wins depends on it: on a
-    Xeon with a 300 MiB L3 a compiled multiply-and-sum beat F.linear from cache and lost by 1.7x from memory."""
+    weights all fit in cache, and so do the probe's, as in its forward). Which kernel wins depends on it: with a
+    large L3 a compiled multiply-and-sum can beat F.linear from cache and lose to it from memory."""
     size = shape[0] * shape[1] * (4 if dtype is None else dtype.itemsize * 8) // 8  # None: 4-bit codes
     return min(PROBE_MATRICES, max(2, -(-probe_bytes() // size)))
 
@@ -213,7 +204,7 @@ def _probe(dtype: torch.dtype, shape: tuple[int, int], kernels: tuple[str, ...] 
            repeats: int = 5) -> dict[str, float]:
     """Seconds for one pass of 1-row and of PACK_ROWS-row products over enough distinct weights of this shape to
     stream them from memory (one hot matrix sits in cache and favours F.linear, which a forward never sees), with
-    each of `kernels`, interleaved, the best of `repeats` each (noise only adds; ~0.3 s a kernel):
+    each of `kernels`, interleaved, the best of `repeats` each (noise only adds):
     {"stock_one", "stock_rows", "packed_one", ...}."""
     # rand, not randn: as good for timing (no denormals), and a probe that streams 600 MB makes it in half the time
     weights = [torch.rand(*shape, dtype=dtype) for _ in range(probe_matrices(dtype, shape))]
@@ -274,8 +265,8 @@ def _runs(kernel: str, dtype: torch.dtype) -> bool:
 def int4_kernel(shape: tuple[int, int], group: int) -> str:
     """'int4' (torch's kernel on its packed codes) or 'thin' (thinmm's int4 kernel on its own copy of them) for an
     `@int4` product of this weight shape [out, in] and group size: thin where the probe measures it faster here
-    (the same codes, scales and bfloat16 activations: the same product up to float rounding order). On the
-    Xeon torch's kernel read an int4 draft's codes at 12-13 GB/s, thin at 18. SPECVIEW_FASTLINEAR=0 keeps torch's,
+    (the same codes, scales and bfloat16 activations: the same product up to float rounding order).
+    SPECVIEW_FASTLINEAR=0 keeps torch's,
     thin forces thin (where it builds)."""
     mode = os.environ.get("SPECVIEW_FASTLINEAR", "auto")
     if mode not in ("auto", "thin") or shape[0] % thin_kernels.INT4_ROWS or shape[1] % group or not thin_kernels.int4_available():
@@ -326,8 +317,8 @@ def _probe_int4(shape: tuple[int, int], group: int, repeats: int = 5) -> dict[st
 def int8_kernel(shape: tuple[int, int], one_row: bool = True) -> str:
     """'int8' (thinmm's kernel on a weight's exact int8 codes, thin_kernels.int8_codes: the same product up to float
     rounding order) or 'dense' (the float32 weight with the kernels kernel_for chooses) for a weight of this shape
-    [out, in]: int8 where the probe measures it faster here. On the bundled model's Q8_0 head at one thread on a
-    2-vCPU Xeon: 3.3 against MKL's 8.5 ms. SPECVIEW_FASTLINEAR=0 keeps the float32 weight; thin forces int8 (where
+    [out, in]: int8 where the probe measures it faster here (a Q8_0 head read as its codes is about a quarter of
+    the float32 bytes). SPECVIEW_FASTLINEAR=0 keeps the float32 weight; thin forces int8 (where
     it builds)."""
     mode = os.environ.get("SPECVIEW_FASTLINEAR", "auto")
     if mode not in ("auto", "thin") or shape[1] % thin_kernels.INT8_BLOCK or not thin_kernels.int8_available():
@@ -392,7 +383,7 @@ def install(model: torch.nn.Module, pack: bool = True) -> None:
     it is wanted (see `wanted`), judged per dtype and shape: a 576x576 projection, a 1536x576 MLP matrix
     and a 49152x576 head can each go either way on a given CPU. `pack=False` leaves the packing to a first
     use: for a model whose forwards run fastdecode's (which packs its own fused matrices), these copies would
-    cost a start 0.4 s and a whole copy of the weights' memory for nothing."""
+    cost a start its packing time and a whole copy of the weights' memory for nothing."""
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and wanted(module.weight.dtype, tuple(module.weight.shape)):
             if "forward" not in module.__dict__:
@@ -450,8 +441,8 @@ def kernel_of(packed) -> str:
 # lower oneDNN's linear on a packed weight that is an argument (its lowering wants a constant it packed
 # itself), so to inductor this is an opaque call: the norms, rotary and activations around it fuse, and a
 # verify's or prefill's rows run compiled too. `out_features`: the output's width, which the packed tensor does
-# not say to a graph being traced. Defined with torch.library's plain registration, not @custom_op: its Python
-# wrapper cost 8 us a call (121 calls a verify), this one 3.
+# not say to a graph being traced. Defined with torch.library's plain registration, not @custom_op: a verify
+# makes over a hundred of these calls, and @custom_op's Python wrapper costs several times this one's.
 _LIBRARY = torch.library.Library("specview", "DEF")
 _LIBRARY.define("packed_linear(Tensor x, Tensor packed, Tensor? bias, SymInt out_features) -> Tensor")
 

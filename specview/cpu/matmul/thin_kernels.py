@@ -2,9 +2,9 @@
 and a few rows by a weight of 4-bit codes, an `@int4` draft's every product (cpu/matmul/csrc/thin_int4.cpp).
 
 Built at first use with torch's C++ extension tooling (ninja and the C++ compiler torch's inductor already
-needs; ~11 s), for the CPU in hand (-march=native; AVX2 and FMA at least), into `<cache dir>/thinmm` under a
+needs; seconds, once), for the CPU in hand (-march=native; AVX2 and FMA at least), into `<cache dir>/thinmm` under a
 name that holds the source's hash and the CPU's flags: another CPU or another source is built again, and a later
-start only loads the library (~0.1 s). The float32 kernel reads a copy of the weight in panels of output rows
+start only loads the library. The float32 kernel reads a copy of the weight in panels of output rows
 (`pack_panels`), as oneDNN reads its packed copy and MLAS its two; the int4 kernel reads the codes in a layout of
 its own (`pack_int4`), a second copy beside the one torch's int4 kernel reads (transformers' own forward of the same
 module).

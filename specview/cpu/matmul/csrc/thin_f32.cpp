@@ -4,17 +4,17 @@
 // fastlinear's probe measures it faster than F.linear, oneDNN and MLAS.
 //
 // Why it exists: a verify reads every weight once, like a one-token step, so its products should cost about what
-// one row costs. On a 2-vCPU Xeon (Sapphire Rapids class, AMX) MKL's sgemm read the weights of a SmolLM2's layers
-// at 12 GB/s for 5 rows and oneDNN's packed product no faster, where one row reads them at ~21. The first
+// one row costs. On some CPUs MKL's sgemm and oneDNN's packed product read the weights markedly slower for 5 rows
+// than for one, so a verify costs well over a one-token step. The first
 // version of this kernel read W in its own row-major layout and summed each output across a vector at the end:
-// those horizontal sums (shuffles, on the port the multiply-adds need) held it to ~55% of the multiply-add peak.
+// those horizontal sums (shuffles, on the port the multiply-adds need) held it to about half of the multiply-add peak.
 //
 // How: a vector lane per output row. For each input feature k the panel holds the P rows' weights side by side
 // (two vectors), each input row's x[m, k] is broadcast, and 2 x M accumulators take the products: every weight
 // is read once, from one contiguous stream per panel, and multiplied into all M rows; nothing is summed across
 // lanes. Each output is summed in the order k = 0, 1, .. whatever M is, so a row's result does not depend on
-// the rows beside it (bit for bit). The same layers, 2 threads, one interleaved run: 1 / 5 / 9 / 17 rows in
-// 18.6 / 22.5 / 25.8 / 31.3 ms, the row-major form 21.2 / 24.0 / 28.8 / 36.5, F.linear 19.5 / 34.7 / 42.0 / 45.1.
+// the rows beside it (bit for bit). Its cost grows slowly with the rows, where F.linear's grows fast: what
+// must hold for a verify to cost about one row's reading of the weights (fastlinear's probe checks it per machine).
 // The operators used, one header each (not ATen/ATen.h, which parses all of them: the build takes half as long).
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
@@ -54,9 +54,8 @@ inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
 #endif
 
 constexpr int P = 2 * L;  // output rows per panel: two vectors
-// Bytes prefetched ahead of the multiply-adds: with the hardware prefetcher alone 5 rows took 28.7 ms through the
-// layers on the Xeon, with this 24.6 (runs apart); against the row-major form in the same run, 4 and 16 KiB did
-// about as well, 32 KiB worse.
+// Bytes prefetched ahead of the multiply-adds: the hardware prefetcher alone left the stream short of the
+// memory's pace at several rows; 4 to 16 KiB ahead did about equally well, 32 KiB worse.
 constexpr int64_t AHEAD = 8192;
 
 // Rows m0 .. m0 + M - 1 of x times one panel -> y's columns n0 .. n0 + P - 1 (fewer at the last panel: `width`).

@@ -5,9 +5,9 @@
 // sum of q x is scaled once, y = sum_g scale_g * sum q x + (zero_g - 8 scale_g) * sum x, instead of each weight
 // being dequantized.
 //
-// Why it exists: on a 2-vCPU Xeon (Emerald Rapids) torch's int4 kernel took 91% of an int4 draft's one-token
-// forward and read its codes at ~12 GB/s, where the memory gives ~30. Most of its work is turning codes into
-// numbers; here one conversion serves 16 output rows at once.
+// Why it exists: on some CPUs torch's int4 kernel takes most of an int4 draft's one-token forward and reads its
+// codes well below the memory's pace. Most of its work is turning codes into numbers; here one conversion serves
+// 16 output rows at once.
 //
 // Layout (cpu/matmul/thin_kernels.py's pack_int4): output rows in blocks of 16, input features in chunks of 8. codes uint8
 // [N/16, K/8, 64]: in a chunk, row i's 4 bytes (a little-endian 32-bit word) hold its even features' codes in the
@@ -17,7 +17,7 @@
 // How: a vector lane per output row (16 with AVX-512, 8 with AVX2, which takes a block in two halves). A chunk is
 // one load; its codes become numbers once (decode) and meet every input row (mac). Group sums are scaled into
 // the output at group ends. More rows than MAX_M go through in groups of MAX_M over each block while its codes are
-// in cache (1 to 64 rows measured: as fast as torch's kernel or faster, 0.7x its time for one row).
+// in cache (fastlinear's probe runs it only where it measures faster than torch's kernel).
 // The operators used, one header each (not ATen/ATen.h, which parses all of them: the build takes half as long).
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
@@ -35,7 +35,7 @@ namespace {
 constexpr int ROWS = 16;          // output rows per block (the layout's)
 constexpr int CHUNK = 64;         // bytes per 8 features of a block
 constexpr int MAX_M = 4;          // input rows in registers at once
-constexpr int64_t AHEAD = 4096;   // bytes of codes prefetched ahead (1-8 KiB measured; 4 best on the Xeon)
+constexpr int64_t AHEAD = 4096;   // bytes of codes prefetched ahead (1-8 KiB tried; 4 best where measured)
 
 #if defined(__AVX512F__)
 using vec = __m512;
@@ -116,7 +116,7 @@ struct Int4 {
 // of mantissa below it), exact, as are the activations (bfloat16 already) and their products in float32; the
 // group's end takes 128 scale sum x back out. Per chunk: one 64-byte load, 3 shifts, 4 bitwise operations,
 // 4 dot products, no shuffle (a widening load and a vpermw table lookup per pair of features ran at half this
-// speed on the Xeon: both take its one shuffle port).
+// speed: both take the core's one shuffle port).
 constexpr float BIAS = 128.0f;
 constexpr int DECODED = 4;  // vectors per decoded chunk: features (0, 1), (2, 3), (4, 5), (6, 7) as bfloat16 pairs
 using coded = __m512i;
@@ -237,7 +237,7 @@ at::Tensor int4_linear(const at::Tensor& x_in, const at::Tensor& codes, const at
                   scales.sizes() == at::IntArrayRef({N / ROWS, K / G, 2, ROWS}),
               "thinmm int4: scales bfloat16 [out/16, in/group, 2, 16], contiguous");
   // The activations as torch's int4 kernel takes them, rounded to bfloat16 (bfloat16 ones are read in place), and
-  // their sums per group, in plain loops: ATen calls for these cost ~10 us a product, a tenth of a draft's forward
+  // their sums per group, in plain loops: ATen calls for these cost a visible share of a draft's forward
   const at::Tensor x = x_in.contiguous();
   const int64_t groups = K / G;
   const bool bf = x.scalar_type() == at::kBFloat16;

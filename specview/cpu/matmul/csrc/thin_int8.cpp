@@ -5,8 +5,8 @@
 // checks it bit for bit before anything runs here.
 //
 // Why it exists: the bundled SmolLM2's tied head is Q8_0 in its GGUF; as float32 it is 113 MB of a 540 MB forward,
-// read at memory speed by MKL's gemv (8.5 ms at one thread on a 2-vCPU Xeon). Its codes and scales are 31 MB
-// (3.3 ms). Unlike `@int4` nothing is rounded: activations stay float32, d is the GGUF's own scale.
+// and even read at memory speed those bytes cost. Its codes and scales are 31 MB, so read as codes it costs about
+// a quarter. Unlike `@int4` nothing is rounded: activations stay float32, d is the GGUF's own scale.
 //
 // Layout: codes int8 [N, K] as the weight's rows, scales float32 [N, K / 32]. How: R output rows at a time, a
 // block of 32 codes per row turned into floats once and met by up to MAX_M input rows, the block's sum scaled by

@@ -1,6 +1,6 @@
 // The int4 kernel's layout of codes (cpu/matmul/csrc/thin_int4.cpp's comment; cpu/matmul/thin_kernels.py's pack_int4), made in one pass:
 // every start with an int4 draft on that kernel packs its codes (135M for the bundled model), and torch's
-// elementwise operators took 0.22-0.27 s on a 2-vCPU Xeon to do it in strided passes.
+// elementwise operators, in strided passes, made that a visible part of a warm start.
 //
 // codes uint8 [N, K] (0..15) -> uint8 [N/16, K/8, 64]: for output row r = 16 b + i and the 8 features from 8 g,
 // bytes 4 i .. 4 i + 3 of chunk [b, g] are c0 | c2 << 4, c4 | c6 << 4, c1 | c3 << 4, c5 | c7 << 4 (c_j: the code of

@@ -1,0 +1,103 @@
+"""The docs a newcomer reads: README.md stays a short user's guide, every relative link in README.md and docs/
+resolves (to a file, and to a heading where it names one), and the figures in docs/benchmarks.md and the
+README's table are exactly what `make results` writes from docs/results/*.json."""
+
+import re
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from specview.bench import results
+
+ROOT = Path(__file__).resolve().parents[1]
+README_LIMIT = 15_000  # bytes: the issue's bar (anchor projects' READMEs are 1-9 KB)
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+
+
+def markdown_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, markup and punctuation dropped, spaces to hyphens."""
+    text = heading.lower().strip()
+    kept = "".join(c for c in text if c in " -_" or unicodedata.category(c)[0] in "LN")
+    return kept.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for line in FENCE.sub("", path.read_text(encoding="utf-8")).splitlines():
+        m = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            base = slug(m.group(1))
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def links(path: Path) -> list[str]:
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    text = re.sub(r"`[^`\n]*`", "", text)  # code spans hold brackets that are not links
+    return LINK.findall(text)
+
+
+def test_readme_is_a_short_guide():
+    size = (ROOT / "README.md").stat().st_size
+    assert size <= README_LIMIT, f"README.md is {size} bytes; move detail into docs/guide/ (limit {README_LIMIT})"
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(path):
+    broken = []
+    for target in links(path):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: ...: not ours to check
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
+    assert not broken, f"{path.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_the_docs_have_links_to_check():
+    """The link test must see the links it checks (a pattern that matched nothing would pass anything)."""
+    found = links(ROOT / "README.md")
+    assert "docs/benchmarks.md" in found and "docs/screenshot.svg" in found
+
+
+def test_benchmarks_and_the_readme_table_are_what_make_results_writes(tmp_path):
+    """`make results` regenerates docs/benchmarks.md and README's table without a diff: rendered here into memory
+    from docs/results/*.json and compared with the files."""
+    stale = [str(path.relative_to(ROOT)) for path, text in results.outputs(ROOT).items()
+             if path.read_text(encoding="utf-8") != text]
+    assert not stale, f"out of date, run `make results`: {stale}"
+
+
+def test_results_render_from_a_bench_file_alone(tmp_path):
+    """A results file holds everything benchmarks.md shows: the CPU and its flags, the torch version, the date."""
+    docs = results.load(ROOT / "docs" / "results")
+    assert docs, "no results files in docs/results/"
+    page = results.benchmarks_md(docs)
+    for doc in docs:
+        assert f"## {doc['name']}" in page
+        assert doc["cpu"] and doc["versions"]["torch"] and doc["date"]
+        assert " ".join(doc["cpu_flags"]) in page and doc["versions"]["torch"] in page and doc["date"] in page
+
+
+def test_check_mode_finds_a_stale_page(tmp_path):
+    """`python -m specview.bench.results --check` fails on a tree whose page does not match its results."""
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    for src in (ROOT / "docs" / "results").glob("*.json"):
+        (tmp_path / "docs" / "results" / src.name).write_text(src.read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "README.md").write_text(f"# x\n\n{results.BEGIN}\n{results.END}\n", encoding="utf-8")
+    assert results.main(["--root", str(tmp_path), "--check"]) == 1
+    assert results.main(["--root", str(tmp_path)]) == 0
+    assert results.main(["--root", str(tmp_path), "--check"]) == 0
+    assert "| method |" in (tmp_path / "README.md").read_text(encoding="utf-8")
