@@ -189,11 +189,13 @@ def prepare_forwards(models: list, mode: str, say: Callable[[str], None]) -> dic
 
     chosen: dict = {}
     prepared: dict[int, dict] = {}  # by model object: one left out would run transformers' forward unnoticed
+    # A layer-skip view runs transformers' forward over its model's own layers: that model keeps its originals.
+    views = any(lm is not None and hasattr(lm.model, "new_cache") for lm in models)
     for lm in models:
         if lm is None or not isinstance(lm.model, torch.nn.Module) or hasattr(lm.model, "new_cache"):
             continue
         if id(lm.model) not in prepared:  # (two specs may name one object: `X` and `X@float32` of a float32 X)
-            prepared[id(lm.model)] = fast_path.prepare(lm, mode, say).to_json()
+            prepared[id(lm.model)] = fast_path.prepare(lm, mode, say, one_copy=not views).to_json()
             say(describe_forward(lm.spec, prepared[id(lm.model)]))
         chosen[lm.spec] = prepared[id(lm.model)]
     return chosen

@@ -10,7 +10,7 @@ from rich.text import Text
 from specview.analysis.diagnosis import Figures, diagnose
 from specview.core.events import fmt
 from specview.core.phases import PHASES
-from specview.profiling.ops import ops_table
+from specview.profiling.ops_table import ops_table
 from specview.profiling.profile import PHASE_HELP, describe_forward
 
 

@@ -52,9 +52,11 @@ class ForwardChoice:
     why: str  # one phrase: the probe's figures, or why the compiled path does not apply
     pieces: dict = field(default_factory=dict)  # piece -> {"shape", "dtype", "one_row", "rows"}
     compile_s: float | None = None  # time to compile (cold) or load from inductor's cache (warm)
+    released_mb: float | None = None  # the originals one copy released (their packed copies serve every product)
 
     def to_json(self) -> dict:
-        return {"mode": self.mode, "why": self.why, "pieces": self.pieces, "compile_s": self.compile_s}
+        return {"mode": self.mode, "why": self.why, "pieces": self.pieces, "compile_s": self.compile_s,
+                "released_mb": self.released_mb}
 
 
 def _key(model, what: str) -> str:
@@ -67,8 +69,19 @@ def _key(model, what: str) -> str:
             f"{shape}/{dtype}{'+int4' if int4 else ''}")
 
 
-def prepare(lm, mode: str, say=lambda msg: None) -> ForwardChoice:
-    """Decide and install the forward of one LoadedModel (llama.install, or nothing for eager)."""
+def prepare(lm, mode: str, say=lambda msg: None, one_copy: bool = True) -> ForwardChoice:
+    """Decide and install the forward of one LoadedModel (llama.install, or nothing for eager). With `one_copy`, a
+    compiled forward then holds one copy of each weight (cpu/forward/one_copy.py): the originals its packed copies
+    replace are released, and come back when the forward is uninstalled. False where something still runs
+    transformers' forward on this model (a layer-skip view over it)."""
+    choice = _decide(lm, mode, say)
+    runner = llama.runner_for(lm.model)
+    if choice.mode == "compiled" and runner is not None and one_copy:
+        choice.released_mb = round(runner.release_originals() / 2**20, 1)
+    return choice
+
+
+def _decide(lm, mode: str, say) -> ForwardChoice:
     if mode not in MODES:
         raise SpecviewError(f"--compile {mode}: use auto, on or off")
     model = lm.model
@@ -317,8 +330,8 @@ def held_tensors(model) -> list[torch.Tensor]:
     each storage once, so a weight shared with a parameter is not counted twice)."""
     found: list[torch.Tensor] = []
     runner = llama.runner_for(model)
-    if runner is not None:
-        _collect(vars(runner), found, depth=0)
+    if runner is not None:  # its weights only (not its caches: the rotary table, bound calls)
+        _collect([runner.layers, runner.lm_head, runner.final_norm], found, depth=0)
     for module in model.modules():
         _collect(packed_linear._packed.get(module), found, depth=0)
     return found

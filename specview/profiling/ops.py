@@ -11,9 +11,7 @@ import tempfile
 from contextlib import contextmanager
 
 import torch
-from rich.table import Table
 
-from specview.core.events import fmt
 from specview.core.files import atomic_path
 from specview.core.phases import FORWARD_PHASES, MEASURED_PHASES
 
@@ -114,19 +112,3 @@ def top_operators(events, cuda: bool = False, limit: int = TOP_OPS) -> dict:
         for p in FORWARD_PHASES:
             op[f"{p}_share"] = op[f"{p}_ms"] / phase_ms[p] if phase_ms[p] else None
     return {"clock": "device" if cuda else "cpu", "total_self_ms": total, "phase_ms": phase_ms, "top": top}
-
-
-def ops_table(ops: dict, limit: int = 15) -> Table:
-    """Top operators of a --profile-ops capture: self time and share of draft and verify."""
-    clock = ops.get("clock", "cpu")
-    table = Table(title=f"top operators by self {clock} time (torch.profiler; aten:: omitted)", title_justify="left",
-                  caption=f"share of draft / verify = the operator's self time in that phase / the phase's time; "
-                          f"trace: {ops.get('trace', '')}", caption_justify="left")
-    table.add_column("operator", overflow="fold", min_width=20)
-    for col in ("calls", "self ms", "% of ops", "% draft", "% verify"):
-        table.add_column(col, justify="right")
-    for op in (ops.get("top") or [])[:limit]:
-        table.add_row(str(op.get("name")).removeprefix("aten::"), str(op.get("calls")), fmt(op.get("self_ms"), "{:.1f}"),
-                      fmt(op.get("share"), "{:.1%}"), fmt(op.get("draft_share"), "{:.1%}", ""),
-                      fmt(op.get("verify_share"), "{:.1%}", ""))
-    return table

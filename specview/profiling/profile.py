@@ -103,6 +103,8 @@ def _max(a, b):
 def describe_forward(spec: str, choice: dict) -> str:
     """One line for --verbose, the loading panel and report, from ForwardChoice.to_json()."""
     text = f"{spec}: forward {choice['mode']} ({choice['why']})"
+    if choice.get("released_mb"):
+        text += f", one copy of each weight ({choice['released_mb']:,.0f} MiB of originals released)"
     if choice.get("compile_s") is not None:
         text += f", compile {choice['compile_s']:.1f} s"
     pieces = choice.get("pieces") or {}

@@ -206,7 +206,7 @@ class ProfileRecorder:
             else:
                 self.meta["files"]["ops_trace"] = os.path.basename(self.ops.trace_path)
                 self.notes.append(f"op-level trace written: {self.ops.trace_path}")
-                from specview.profiling.ops import ops_table
+                from specview.profiling.ops_table import ops_table
 
                 self.notes.append(ops_table(self.ops_summary))
         if self.py_spy is not None:

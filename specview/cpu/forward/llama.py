@@ -92,13 +92,12 @@ def linear(x: torch.Tensor, w, gemv: str) -> torch.Tensor:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, sz).to(x.dtype)
         return y if bias is None else y + bias
     _, weight, packed, bias, one_row_reads = w
+    if packed is not None and (x.shape[0] > 1 or one_row_reads):  # the copy serves every product it was chosen for
+        return product(x, packed, bias, weight.shape[0])
     if x.shape[0] == 1 and gemv == "reduce":
         y = (x.unsqueeze(-2) * weight).sum(-1)
-    elif packed is not None and (x.shape[0] > 1 or gemv == "packed" and one_row_reads):
-        return product(x, packed, bias, weight.shape[0])
-    else:
-        return F.linear(x, weight, bias)
-    return y if bias is None else y + bias
+        return y if bias is None else y + bias
+    return F.linear(x, weight, bias)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -179,12 +178,10 @@ class FastForward:
         self.kv_dtype = torch.float32 if self.dtype in (torch.bfloat16, torch.float16) else self.dtype
         self.gemv, self.compiled = gemv, compiled
         self._norm_ms: dict[int, float] = {}  # rows -> modelled norm time (norm_ms)
-        # Whether the packed copies are chosen for one-row products too, which fastlinear's probe then weighs: an
-        # eager forward runs every product on them. A compiled forward chooses its one-row product apart (`gemv`:
-        # reduce, mm, or these copies where kernels.one_row_kernel timed them fastest for one row), so its copies
-        # are the verify's best: chosen for both, a verify's products fell back to F.linear whenever a copy lost
-        # the one-row probe by a hair, and F.linear is slow at several rows.
-        self.one_row_packed = not compiled
+        # A packed copy is chosen for one row and several, and serves both: each weight is held once (one_copy.py),
+        # so a copy whose kernel wins a verify's rows but loses one row by a hair still runs that row; `gemv` is
+        # the one-row product of the pieces that have no copy.
+        self.one_row_packed = True
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # _rotary's cos, sin by position
         self._bound: dict = {}  # (id(fns), gemv, positional, masked) -> _bound_layers' calls
         self._gather_model(model)
@@ -284,7 +281,7 @@ class FastForward:
             else:
                 shape, dtype = list(w[1].shape), str(w[1].dtype).removeprefix("torch.")
                 rows = {"stock": "mm"}.get(kernel_of(w[2]), kernel_of(w[2]))  # mm, packed (oneDNN), mlas or thin
-                one_row = (rows if w[4] else "mm") if not self.compiled or self.gemv == "packed" else self.gemv
+                one_row = rows if w[4] and w[2] is not None else "mm" if not self.compiled else self.gemv
             out[name] = {"shape": shape, "dtype": dtype, "one_row": one_row, "rows": rows,
                          "fused": group[0] == "fused" and name in ("qkv", "gate_up")}
         return out
@@ -319,6 +316,27 @@ class FastForward:
         if cached is None:
             cached = self._norm_ms[rows] = _time_norms(self.norms(), rows, self.eps)
         return cached
+
+    def release_originals(self) -> int:
+        """One copy of each weight (cpu/forward/one_copy.py): the originals its copies replace are released, their
+        tuples given stand-ins. -> bytes released. llama.uninstall() restores them."""
+        from specview.cpu.forward import one_copy
+        from specview.cpu.matmul import packed_linear
+
+        packed_linear.drop_packs(self.model_ref())  # transformers' forward's copies: it reads none of them now
+        dense = []
+        for entry in [*(e for layer in self.layers for e in layer.values()), self.lm_head]:
+            _dense_tuples(entry, dense)
+        swapped, freed = one_copy.release(self.model_ref(), dense)
+        new = {id(old): w for old, w in zip(dense, swapped) if w is not old}
+        if new:
+            self.layers = [{name: _swap(entry, new) for name, entry in layer.items()} for layer in self.layers]
+            self.lm_head = _swap(self.lm_head, new)
+            self._bound.clear()  # bound calls hold the old tuples' tensors
+            for fns in [*self._one_row_fns.values(), self.fns_rows]:
+                for fn in (fns.attn_in, fns.attn_out, fns.head, fns.layer):
+                    getattr(fn, "_flat_tuples", {}).clear()
+        return freed
 
     def new_cache(self) -> StaticKV:
         return StaticKV(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype)
@@ -498,18 +516,39 @@ def _time_norms(norms: list, rows: int, eps: float, repeats: int = 3) -> float:
     return best * 1000
 
 
+def _dense_tuples(entry, out: list) -> None:
+    if isinstance(entry, tuple) and entry and entry[0] == "dense":
+        out.append(entry)
+    elif isinstance(entry, tuple) and entry and entry[0] in ("fused", "split"):
+        for part in entry[1:]:
+            _dense_tuples(part, out)
+
+
+def _swap(entry, new: dict):
+    if isinstance(entry, tuple) and entry and entry[0] == "dense":
+        return new.get(id(entry), entry)
+    if isinstance(entry, tuple) and entry and entry[0] in ("fused", "split"):
+        return (entry[0], *(_swap(part, new) for part in entry[1:]))
+    return entry
+
+
 def install(model, compiled: bool, gemv: str | None = None, family: type = FastForward) -> FastForward:
     """Run `model`'s forwards through `family` (FastForward for the Llama family, fastgpt2.GPT2Forward). `gemv`: the
     one-row product ('mm' for a new runner); None keeps an installed runner's (kernels.prepare's choice)."""
     runner = _runners.get(model)
     if (runner is None or runner.compiled != compiled or gemv is not None and runner.gemv != gemv
             or type(runner) is not family):
+        uninstall(model)  # a new runner reads the model's own weights: the released ones come back first
         runner = _runners[model] = family(model, compiled, gemv or "mm")
     return runner
 
 
 def uninstall(model) -> None:
+    """transformers' forward again: the runner goes, and the weights it held as copies alone come back."""
+    from specview.cpu.forward import one_copy
+
     _runners.pop(model, None)
+    one_copy.restore(model)
 
 
 def runner_for(model) -> FastForward | None:

@@ -75,7 +75,13 @@ def fuse(*modules, one_row: bool = True):
     biases = [m.bias for m in modules]
     bias = None if all(b is None for b in biases) else torch.cat(
         [b.detach() if b is not None else torch.zeros(w.shape[0], dtype=w.dtype) for b, w in zip(biases, weights)])
-    return ("fused", dense(torch.cat(weights), bias, one_row))
+    fused = torch.cat(weights)
+    offset = 0
+    for module, weight in zip(modules, weights):  # the modules become views of the fused matrix: one copy, not two
+        if weight.device == fused.device:
+            module.weight.data = fused[offset: offset + weight.shape[0]]
+        offset += weight.shape[0]
+    return ("fused", dense(fused, bias, one_row))
 
 
 def fuse_int4(modules):

@@ -1,0 +1,123 @@
+"""One copy of each weight. The engine's forward reads a matrix from the copy its kernel packed (oneDNN's blocked
+layout, thin's panels) wherever there is one, for one row and for several; the model's own parameter then serves
+only transformers' forward. So once a model's forward is settled, release() swaps each such parameter (and a fused
+matrix the modules were views of) for a one-element stand-in of the same shape, and restore() rebuilds the
+originals from the copies, exactly, the moment transformers' forward is wanted again (the forward uninstalled: a
+new --compile choice, a probe, a layer-skip view over the model).
+
+What keeps its original, and why:
+- a matrix with no copy (F.linear or the compiled reduce read it), or an MLAS copy (its session holds the bytes
+  in a form nothing reads back);
+- a matrix some other module reads too: a head tied to the embedding (the embedding looks rows up in it);
+- int4 layers (their codes are the only copy already).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from specview.cpu.matmul.packed_linear import kernel_of
+
+RESTORABLE = ("packed", "thin")  # copies whose original comes back exactly (oneDNN's reorder, thin's panels)
+
+
+@dataclass
+class _Owner:
+    module: torch.nn.Module
+    offset: int  # first row of the matrix this module's weight is
+    rows: int
+    transposed: bool  # a GPT-2 Conv1D: its parameter is the [in, out] view of an [out, in] storage
+
+
+@dataclass
+class _Released:
+    packed: torch.Tensor
+    shape: tuple[int, int]  # [out, in] of the whole (fused) matrix
+    dtype: torch.dtype
+    owners: list[_Owner]
+
+
+_released: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> [_Released]
+
+
+def stand_in(shape, dtype) -> torch.Tensor:
+    """A tensor of `shape` holding one element (every stride 0): where nothing reads the values, only the shape."""
+    return torch.zeros(1, dtype=dtype).expand(*shape)
+
+
+def release(model: torch.nn.Module, pieces: list) -> tuple[list, int]:
+    """`pieces`: the forward's dense weight tuples. -> (the tuples with released originals swapped for stand-ins,
+    the bytes released). A tuple is released only where its copy serves every product (one_row_reads) and every
+    module whose weight shares its storage is a linear layer, which the copy replaces."""
+    users = _users_by_storage(model)
+    out, freed = [], 0
+    for w in pieces:
+        if not _releasable(w):
+            out.append(w)
+            continue
+        weight = w[1]
+        owners = users.get(weight.untyped_storage().data_ptr(), [])
+        if not owners or any(not _is_linear(m) for m, _ in owners):
+            out.append(w)
+            continue
+        record = _Released(w[2], tuple(weight.shape), weight.dtype, [])
+        width = weight.shape[1]
+        for module, param in owners:
+            transposed = param.shape[0] == width and param.shape[1] != width or _is_conv1d(module)
+            rows = param.shape[1] if transposed else param.shape[0]
+            offset = (param.storage_offset() - weight.storage_offset()) // width
+            record.owners.append(_Owner(module, offset, rows, transposed))
+            module.weight.data = stand_in(param.shape, param.dtype)
+        freed += weight.untyped_storage().nbytes()
+        _released.setdefault(model, []).append(record)
+        out.append(("dense", stand_in(weight.shape, weight.dtype), w[2], w[3], True))
+    return out, freed
+
+
+def restore(model: torch.nn.Module) -> None:
+    """Every released original back, rebuilt from its copy (the same values, bit for bit), the fused modules views of
+    one matrix again."""
+    for record in _released.pop(model, []):
+        dense = _unpack(record).contiguous()
+        for owner in record.owners:
+            view = dense[owner.offset: owner.offset + owner.rows]
+            owner.module.weight.data = view.t() if owner.transposed else view
+
+
+def released(model: torch.nn.Module) -> bool:
+    return bool(_released.get(model))
+
+
+def _releasable(w) -> bool:
+    return (isinstance(w, tuple) and len(w) == 5 and w[0] == "dense" and w[2] is not None and w[4]
+            and kernel_of(w[2]) in RESTORABLE and w[1].stride(-1) == 1 and w[1].dim() == 2)
+
+
+def _unpack(record: _Released) -> torch.Tensor:
+    packed = record.packed
+    if packed.is_mkldnn:
+        return packed.to_dense()
+    out, width = record.shape
+    return packed.permute(0, 2, 1).reshape(-1, width)[:out]  # thin's panels [out / R, in, R] back to rows
+
+
+def _users_by_storage(model) -> dict[int, list]:
+    users: dict[int, list] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if name == "weight" and param.numel() > 1:
+                users.setdefault(param.untyped_storage().data_ptr(), []).append((module, param))
+            elif param.numel() > 1:  # another parameter on a matrix's storage: never release that storage
+                users.setdefault(param.untyped_storage().data_ptr(), []).append((None, param))
+    return users
+
+
+def _is_conv1d(module) -> bool:
+    return type(module).__name__ == "Conv1D"
+
+
+def _is_linear(module) -> bool:
+    return module is not None and (isinstance(module, torch.nn.Linear) or _is_conv1d(module))
