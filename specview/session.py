@@ -141,9 +141,11 @@ def check_context(models: list, prompt_len: int, max_new_tokens: int) -> None:
 
 
 def open_session(settings: Settings, on_progress: Callable[[str], None] | None = None,
-                 with_draft: bool = True) -> Session:
+                 with_draft: bool = True, background: bool = False) -> Session:
     """Load the target and every drafter of `settings.draft` (a spec or a comma-separated list; DESIGN
-    "Drafters"), tokenize the prompt, check vocabularies and context. Bad specs fail before any load."""
+    "Drafters"), tokenize the prompt, check vocabularies and context. Bad specs fail before any load.
+    `background`: a compiled forward this machine has not settled yet is built while the session runs
+    (cpu/builds.py): run, the TUI and serve start at once; bench and calibrate, which measure, wait for it."""
     say = on_progress or (lambda msg: None)
     problem = text_problem(settings.prompt or "")
     if problem:  # before the load, not after it
@@ -177,11 +179,16 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
 
     drafters = [build_drafter(spec, target, load_draft, prompt_ids, note) for spec, _ in zip(specs, kinds)]
     check_context(context_holders(target, drafters), len(prompt_ids), settings.max_new_tokens)
-    forwards = prepare_forwards([target] + [getattr(d, "lm", None) for d in drafters], settings.compile, say)
+    forwards = prepare_forwards([target] + [getattr(d, "lm", None) for d in drafters], settings.compile, say,
+                                background)
+    building = [spec for spec, choice in forwards.items() if choice.get("building")]
+    if building:
+        notes.append(f"building the compiled forward of {', '.join(building)} in the background: the run starts on "
+                     "transformers' forward and takes the built one between steps (each finished part is kept on disk)")
     return Session(settings, target, drafters, prompt_ids, device, time.perf_counter() - t0, notes, forwards)
 
 
-def prepare_forwards(models: list, mode: str, say: Callable[[str], None]) -> dict:
+def prepare_forwards(models: list, mode: str, say: Callable[[str], None], background: bool = False) -> dict:
     """fast_path.prepare for every distinct model (a layer-skip view runs transformers' forward of its own):
     spec -> ForwardChoice.to_json(), for the profile's config, --verbose and report."""
     from specview.cpu import fast_path
@@ -195,7 +202,8 @@ def prepare_forwards(models: list, mode: str, say: Callable[[str], None]) -> dic
         if lm is None or not isinstance(lm.model, torch.nn.Module) or hasattr(lm.model, "new_cache"):
             continue
         if id(lm.model) not in prepared:  # (two specs may name one object: `X` and `X@float32` of a float32 X)
-            prepared[id(lm.model)] = fast_path.prepare(lm, mode, say, one_copy=not views).to_json()
+            prepared[id(lm.model)] = fast_path.prepare(lm, mode, say, one_copy=not views,
+                                                       background=background).to_json()
             say(describe_forward(lm.spec, prepared[id(lm.model)]))
         chosen[lm.spec] = prepared[id(lm.model)]
     return chosen

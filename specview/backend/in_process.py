@@ -30,7 +30,7 @@ class EngineBackend(Backend):
         from specview.session import open_session
 
         t0 = time.perf_counter()
-        session = open_session(self.settings, on_progress)
+        session = open_session(self.settings, on_progress, background=True)
         recorder = ProfileRecorder(session, "speculative", self.settings.profile_dir)
         decoder = session.decoder("speculative", timer=recorder.timer)
         on_progress("timing one-token target forwards")

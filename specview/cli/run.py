@@ -85,7 +85,7 @@ def run_command(args) -> int:
         with err_console.status("loading models…") if err_console.is_terminal else nullcontext() as status:
             with stop.immediately():  # nothing to save yet: a signal interrupts the load at once
                 session = open_session(settings, (lambda msg: status.update(msg + "…")) if status else None,
-                                       with_draft=method == "speculative")
+                                       with_draft=method == "speculative", background=True)
         for note in session.notes:  # e.g. which layers self:auto chose to skip
             err_console.print(note, soft_wrap=True, highlight=False)
         if args.verbose:
@@ -108,6 +108,7 @@ def run_command(args) -> int:
         if not args.quiet:
             console.print(_legend(method))
         summaries: list[RunSummary] = []
+        forwards_seen = None  # which forward each model ran, while a background build may switch it
         recorded: list[tuple] = []  # (run, prompt, generated, its steps) for --record-dists
         finished = False  # False in `finally`: an exception (a second Ctrl-C, a crash) cut the runs short
         try:
@@ -124,6 +125,12 @@ def run_command(args) -> int:
                     if recorder:
                         recorder.add_step(step)  # first: it fills step.layernorm_ms
                     jsonl.write(step.to_json())
+                    if step.forwards and step.forwards != forwards_seen:
+                        if forwards_seen is not None:
+                            switched = ", ".join(f"{role} {mode}" for role, mode in step.forwards.items())
+                            err_console.print(f"\n[step {step.step}: the forward built in the background runs now: "
+                                              f"{switched}]", soft_wrap=True, highlight=False, markup=False)
+                        forwards_seen = step.forwards
                     if not args.quiet:
                         console.print(_colour(step, method), end="")
                 if not run.done:
@@ -146,6 +153,12 @@ def run_command(args) -> int:
         summary_console.print(summary_table(summaries, method))
         if args.verbose:
             err_console.print(memory_line(session.memory()), soft_wrap=True, highlight=False)
+        from specview.cpu.builds import status as building
+
+        for spec, doing in building().items():
+            err_console.print(f"{spec}: the compiled forward was still being built ({doing}); the parts it finished "
+                              "are kept, and a later run goes on from there (`--compile on` builds it before the "
+                              "first step)", soft_wrap=True, highlight=False, markup=False)
     if save_error:
         print(f"specview run: error: {save_error}", file=sys.stderr)
         return 2

@@ -45,6 +45,9 @@ class StepResult:
     # A token tree's step (docs/design.md §18): {"tokens", "parents", "q", "p", "r", "path", "rejected"} over
     # every node; `drafted` .. `accepted` above keep their chain meaning along the accepted path. None: a chain.
     tree: dict | None = None
+    # Which forward each model ran this step ({"target": "compiled" | "eager", "draft": ...}), in a run that began
+    # while a compiled forward was being built in the background (it switches between steps); None otherwise.
+    forwards: dict | None = None
     timing: object = field(default=None, repr=False, compare=False)  # timing.StepTiming; not in the JSON
 
     def origins(self) -> list[str]:
@@ -59,7 +62,7 @@ class StepResult:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "timing"}
         if d["drafter"] is None:
             del d["drafter"]  # only sessions with several drafters name it per step
-        for name in ("policy", "stopped_by", "budget", "cut_q", "tree"):
+        for name in ("policy", "stopped_by", "budget", "cut_q", "tree", "forwards"):
             if d[name] is None:
                 del d[name]  # autoregressive steps have none of them; cut_q only a p-min cut
         d["type"] = "step"

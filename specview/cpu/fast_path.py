@@ -36,6 +36,7 @@ import torch
 
 from specview.core import host
 from specview.core.errors import SpecviewError
+from specview.cpu import builds
 from specview.cpu.forward import aot_compile, gpt2, llama
 from specview.cpu.matmul import onnx_mlas, packed_linear, thin_kernels
 
@@ -53,10 +54,14 @@ class ForwardChoice:
     pieces: dict = field(default_factory=dict)  # piece -> {"shape", "dtype", "one_row", "rows"}
     compile_s: float | None = None  # time to compile (cold) or load from inductor's cache (warm)
     released_mb: float | None = None  # the originals one copy released (their packed copies serve every product)
+    building: bool = False  # eager for now: the compiled forward is being built in the background (builds.py)
 
     def to_json(self) -> dict:
-        return {"mode": self.mode, "why": self.why, "pieces": self.pieces, "compile_s": self.compile_s,
-                "released_mb": self.released_mb}
+        out = {"mode": self.mode, "why": self.why, "pieces": self.pieces, "compile_s": self.compile_s,
+               "released_mb": self.released_mb}
+        if self.building:
+            out["building"] = True
+        return out
 
 
 def _key(model, what: str) -> str:
@@ -69,79 +74,119 @@ def _key(model, what: str) -> str:
             f"{shape}/{dtype}{'+int4' if int4 else ''}")
 
 
-def prepare(lm, mode: str, say=lambda msg: None, one_copy: bool = True) -> ForwardChoice:
+def prepare(lm, mode: str, say=lambda msg: None, one_copy: bool = True, background: bool = False) -> ForwardChoice:
     """Decide and install the forward of one LoadedModel (llama.install, or nothing for eager). With `one_copy`, a
     compiled forward then holds one copy of each weight (cpu/forward/one_copy.py): the originals its packed copies
     replace are released, and come back when the forward is uninstalled. False where something still runs
-    transformers' forward on this model (a layer-skip view over it)."""
-    choice = _decide(lm, mode, say)
-    runner = llama.runner_for(lm.model)
-    if choice.mode == "compiled" and runner is not None and one_copy:
-        choice.released_mb = round(runner.release_originals() / 2**20, 1)
+    transformers' forward on this model (a layer-skip view over it).
+
+    `background` (`--compile auto` in run, the TUI and serve): on a machine that has not settled this model's forward
+    yet, it is built and probed on a thread of its own while the session runs transformers' forward; the engine takes
+    it between two steps (take_ready). bench and calibrate measure, so they wait."""
+    if background and mode == "auto" and _first_time(lm):
+        llama.uninstall(lm.model)
+        # Made here, on the caller's thread: it lays the model's own matrices out (fused views, GPT-2's Conv1D) while
+        # no forward runs; the build's thread only builds and times it.
+        runner = _family(lm.model)[0](lm.model, True, "mm")
+        builds.start(lm.model, lm.spec, runner, lambda progress: _decide(lm, "auto", progress, background=True),
+                     one_copy)
+        say(f"{lm.spec}: building the compiled forward in the background; the run starts on transformers' forward")
+        return ForwardChoice("eager", "the compiled forward is being built in the background: taken between steps "
+                                      "when ready", building=True)
+    choice, runner = _decide(lm, mode, say)
+    if runner is not None:
+        llama.register(lm.model, runner)
+        if one_copy:
+            choice.released_mb = round(runner.release_originals() / 2**20, 1)
     return choice
 
 
-def _decide(lm, mode: str, say) -> ForwardChoice:
+def _first_time(lm) -> bool:
+    """Whether this model's forward is still to be settled here: it could run compiled, and no verdict is kept."""
+    if os.environ.get("SPECVIEW_COMPILE") == "0" or _family(lm.model)[1] or aot_compile.unavailable_reason():
+        return False
+    return not isinstance(host.read_cached(CHOICE_FILE).get(_key(lm.model, "forward")), dict)
+
+
+def take_ready(model) -> ForwardChoice | None:
+    """A background build of `model`'s forward that has finished, installed now (the caller is between two steps):
+    its choice, or None while it is still building (or none was started)."""
+    build = builds.finished(model)
+    if build is None:
+        return None
+    if build.choice is None:
+        build.choice = ForwardChoice("eager", f"the background build failed: {build.error}")
+    if build.runner is not None:
+        llama.register(model, build.runner)
+        if build.one_copy:
+            build.choice.released_mb = round(build.runner.release_originals() / 2**20, 1)
+    return build.choice
+
+
+def _decide(lm, mode: str, say, background: bool = False) -> tuple[ForwardChoice, object]:
+    """(the choice, the compiled runner to install or None). The runner is not installed here: a background build
+    hands it over between steps."""
     if mode not in MODES:
         raise SpecviewError(f"--compile {mode}: use auto, on or off")
     model = lm.model
     llama.uninstall(model)
     if mode == "off":
-        return ForwardChoice("eager", "--compile off")
+        return ForwardChoice("eager", "--compile off"), None
     if mode == "auto" and os.environ.get("SPECVIEW_COMPILE") == "0":  # the test suite's default: see conftest
-        return ForwardChoice("eager", "SPECVIEW_COMPILE=0")
+        return ForwardChoice("eager", "SPECVIEW_COMPILE=0"), None
     family, reason = _family(model)
     reason = reason or aot_compile.unavailable_reason()
     if reason:
         if mode == "on":
             raise SpecviewError(f"--compile on: {lm.spec} cannot run compiled here: {reason} (use --compile auto or off)")
-        return ForwardChoice("eager", f"not compiled: {reason}")
+        return ForwardChoice("eager", f"not compiled: {reason}"), None
     cached = host.read_cached(CHOICE_FILE)
     key = _key(model, "forward")
     decided = cached.get(key) if isinstance(cached.get(key), dict) else None
     # An eager verdict stands once it was taken against the forward's chosen one-row product and head ("one_row",
     # "head": written since those choices; an older verdict may have lost with a slower forward, and is taken again).
     if mode == "auto" and decided and decided.get("mode") == "eager" and decided.get("one_row") and "head" in decided:
-        return ForwardChoice("eager", decided.get("why", "a probe found it no faster compiled"))
+        return ForwardChoice("eager", decided.get("why", "a probe found it no faster compiled")), None
     if aot_compile.aot_enabled():
         say(f"loading {lm.spec}'s one-row forward (the first time on a machine, it is built: about 10 s a function)")
     else:
         say(f"compiling {lm.spec}'s one-row forward (inductor; cached on disk after the first time)")
     t0 = time.perf_counter()
-    runner = llama.install(model, compiled=True, family=family)
+    runner = builds.runner_of(model) or family(model, True, "mm")  # a background build's: made on the caller's thread
     try:
         runner.set_one_row(one_row_kernel(model, runner, say))
         _warm(runner)
     except Exception as err:  # noqa: BLE001 - a build that fails (the compiler, export) must not stop the run
-        llama.uninstall(model)
         why = f"the compiled forward could not be built: {type(err).__name__}: {str(err).splitlines()[0][:160]}"
         if mode == "on":
             raise SpecviewError(f"--compile on: {lm.spec}: {why} (use --compile auto or off)") from err
-        return ForwardChoice("eager", why)
+        return ForwardChoice("eager", why), None
     compile_s = time.perf_counter() - t0
     pieces = runner.pieces()
     how = _how_built(runner)
     if mode == "on":
-        return ForwardChoice("compiled", f"--compile on; {how}", pieces, compile_s)
+        return ForwardChoice("compiled", f"--compile on; {how}", pieces, compile_s), runner
     # A decision timed with another one-row product (older specview chose it on one matrix alone) or another kind of
     # head (the float32 weight before its int8 codes were read) is timed again: its figures are what --verbose and
     # the profile show.
     head = runner.lm_head[0]
     if (decided and decided.get("mode") == "compiled" and decided.get("one_row") == runner.gemv
             and decided.get("head", "dense") == head):
-        return ForwardChoice("compiled", f"{decided.get('why', '')}; {how}", pieces, compile_s)
+        return ForwardChoice("compiled", f"{decided.get('why', '')}; {how}", pieces, compile_s), runner
     compiled_ms, eager_ms = _probe_forward(lm, runner)
     choice = "compiled" if compiled_ms < GAIN * eager_ms else "eager"
     why = f"one-token forward {compiled_ms:.1f} ms compiled against {eager_ms:.1f} ms eager (probe)"
     cached = host.read_cached(CHOICE_FILE)  # again: one_row_kernel stored its choice since the first read
-    cached[key] = {"mode": choice, "why": why, "compiled_ms": compiled_ms, "eager_ms": eager_ms,
-                   "one_row": runner.gemv, "head": head, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    host.store_cached(CHOICE_FILE, cached)
+    # A verdict timed beside a running session (a background build) is kept only when it is "compiled": the
+    # session's own forwards slow the compiled probe, and an eager verdict is never taken again.
+    if not (background and choice == "eager"):
+        cached[key] = {"mode": choice, "why": why, "compiled_ms": compiled_ms, "eager_ms": eager_ms,
+                       "one_row": runner.gemv, "head": head, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        host.store_cached(CHOICE_FILE, cached)
     if choice == "eager":
-        llama.uninstall(model)
-        return ForwardChoice("eager", why)
+        return ForwardChoice("eager", why), None
     packed_linear.drop_packs(model)  # the probe's packs for transformers' forward, which the compiled one never reads
-    return ForwardChoice("compiled", f"{why}; {how}", pieces, compile_s)
+    return ForwardChoice("compiled", f"{why}; {how}", pieces, compile_s), runner
 
 
 def _family(model) -> tuple[type, str | None]:
@@ -316,11 +361,27 @@ def packed_products():
     return packed_linear.active()
 
 
+def build_done(model) -> bool:
+    """Whether a background build of `model` is done and not taken yet."""
+    return builds.done(model)
+
+
+def building(model) -> bool:
+    return builds.building(model)
+
+
+def pending_builds() -> bool:
+    """Whether a background build has not been taken yet (builds.py): the engine's check before each step."""
+    return builds.pending()
+
+
 def install_linears(model) -> None:
     """Packed-weight matmuls for transformers' forward of `model`, switched on only inside packed_products(). Packed
     now for a model that runs that forward; when prepare() gave it the engine's own forward (which packs its own
     fused matrices), only on a first use of the stock forward (a layer-skip view has a model of its own: packed
     now)."""
+    if builds.building(model):  # its copies are being made for the forward being built: none for this one too
+        return
     packed_linear.install(model, pack=runner_for(model) is None)
 
 

@@ -27,7 +27,7 @@ from specview.cpu import fast_path
 from specview.engine import token_tree
 from specview.engine.decision import Decision
 from specview.engine.drafter import ModelDrafter, Proposal, context_holders
-from specview.engine.kv_cache import crop_cache, keep_rows, new_cache
+from specview.engine.kv_cache import crop_cache, keep_rows, moved_to, new_cache
 from specview.engine.memory import memory_mb
 from specview.engine.phase_timer import PhaseTimer
 from specview.engine.sampling import probs_from_logits, sample
@@ -201,6 +201,9 @@ class Run:
         self.policy = make_policy(decoder.policy, decoder.policy_memory, decoder.cost_curve,
                                   getattr(decoder.drafter, "spec", None))
         self._prefilled = False  # the first step() prefills, so start() is instant and interruptible
+        self._drafters: dict[int, object] = {}  # id(drafter) -> drafter, beside `states`
+        # A run that starts while a compiled forward is built in the background records which forward each step ran.
+        self.track_forwards = fast_path.pending_builds()
 
     @property
     def generated(self) -> list[int]:
@@ -215,6 +218,7 @@ class Run:
         key = id(drafter)
         if key not in self.states:
             self.states[key] = drafter.new_state()
+            self._drafters[key] = drafter
         return self.states[key]
 
     def _drafter_key(self):
@@ -231,6 +235,28 @@ class Run:
                 self.dec.drafter.prefill(self.dec, self._state(self.dec.drafter), head)
         self.summary.prefill_ms = (time.perf_counter() - t0) * 1000
         self._prefilled = True
+
+    def _take_built_forwards(self) -> None:
+        """Between two steps: a forward built in the background that is ready runs from now on, this run's caches of
+        its model moved over (kv_cache.moved_to). Where a cache cannot move (not transformers' own), the build waits
+        for the next run."""
+        models = [self.dec.target] + [getattr(d, "lm", None) for d in self._drafters.values()]
+        for lm in {id(m.model): m for m in models if m is not None}.values():
+            if not fast_path.build_done(lm.model):
+                continue
+            caches = [("target", self.target_cache)] if lm is self.dec.target else []
+            caches += [(key, self.states[key]) for key, d in self._drafters.items() if getattr(d, "lm", None) is lm]
+            if any(type(cache).__name__ != "DynamicCache" for _, cache in caches):
+                continue
+            fast_path.take_ready(lm.model)
+            runner = fast_path.runner_for(lm.model)
+            if runner is None:  # the build settled on transformers' forward: nothing moves
+                continue
+            for key, cache in caches:
+                if key == "target":
+                    self.target_cache = moved_to(cache, runner)
+                else:
+                    self.states[key] = moved_to(cache, runner)
 
     def block_size(self) -> int:
         """Drafts this step: the policy's budget out of K (a tree drafter: its depth), but none past N (the
@@ -251,6 +277,8 @@ class Run:
             raise RuntimeError("this run has ended")
         dec, timer = self.dec, self.dec.timer
         drafter = dec.drafter
+        if fast_path.pending_builds():
+            self._take_built_forwards()
         if not self._prefilled:
             self._prefill()
         timer.start_step()
@@ -286,6 +314,9 @@ class Run:
             if proposal is not None:  # only the drafter that drafted can be past `keep`
                 drafter.rollback(self._state(drafter), keep)
         result.phases_ms, result.wall_ms = timer.end_step()
+        if self.track_forwards:
+            result.forwards = {role: "compiled" if fast_path.runner_for(lm.model) is not None else "eager"
+                               for role, lm in (("target", dec.target), ("draft", dec.draft)) if lm is not None}
         result.timing = timer.last
         result.memory_mb = memory_mb(dec.device, dec.placed)
         if drafter is not None:

@@ -53,3 +53,21 @@ def _layer_tensors(cache):
             tensor = getattr(layer, name, None)
             if tensor is not None and hasattr(tensor, "index_select") and tensor.dim() == 4 and tensor.numel():
                 yield tensor
+
+
+def moved_to(cache, runner):
+    """transformers' cache of a run, as `runner`'s own (StaticKV), the same keys and values: the engine switching to
+    a forward built in the background between two steps. None where `cache` is not transformers' DynamicCache (a
+    layer-skip view's, llama.cpp's): that run keeps the forward it started with."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or type(cache).__name__ != "DynamicCache":
+        return None
+    static = runner.new_cache()
+    length = cache.get_seq_length()
+    static.reserve(length)
+    for i, layer in enumerate(layers):
+        if length:
+            static.keys[i][:, :, :length] = layer.keys[:, :, :length]
+            static.values[i][:, :, :length] = layer.values[:, :, :length]
+    static.length = length
+    return static

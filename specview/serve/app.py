@@ -183,8 +183,11 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
         return JSONResponse({"text": job.sequence_text, "generated_text": end["text"], "summary": end})
 
     async def health(request: Request) -> Response:
+        from specview.cpu.builds import status as building
+
         return JSONResponse({"status": "stopping" if worker.stop else "ok", **(info or {}),
-                             "queue": worker.waiting, "running": worker.running is not None})
+                             "queue": worker.waiting, "running": worker.running is not None,
+                             "forwards_building": building()})  # spec -> what its background build is doing
 
     async def metrics_page(request: Request) -> Response:
         check_token(request)

@@ -125,7 +125,7 @@ def serve_command(args) -> int:
     stop = Stop()
     with stop.on_signals():
         with stop.immediately():  # nothing to save yet: a signal while loading ends at once
-            session = open_session(settings, lambda text: print(text, file=sys.stderr, flush=True))
+            session = open_session(settings, lambda text: print(text, file=sys.stderr, flush=True), background=True)
             t_ar_ms = time_target_token(session.decoder("autoregressive"), session.prompt_ids)
         served = Served(session, sock, token=args.token, queue_size=args.queue, cap=args.max_new_tokens_cap,
                         max_body=args.max_body, profile_dir=profile_dir, t_ar_ms=t_ar_ms, stop=stop,

@@ -18,6 +18,7 @@ thread count into its C++), so deleting specview's cache folder removes them too
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -271,18 +272,8 @@ class AotFunction:
         kind = "-rows" if self.symbolic else ""
         path = os.path.join(aot_dir(), f"{self.fn.__name__}{kind}-{key.hexdigest()[:24]}.pt2")
         t0 = time.perf_counter()
-        loader = None
-        if os.path.exists(path):
-            try:
-                loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
-                self.built = "loaded"
-            except Exception:  # noqa: BLE001 - a damaged package (a disk filled mid-write): build it again
-                os.remove(path)
-        if loader is None:
-            dynamic = _dynamic_shapes(args, self.row_dims) if kind else None
-            _build(_Bound(self.fn, _template(args)), tuple(tensors), path, dynamic)
-            self.built = f"built in {time.perf_counter() - t0:.1f} s"
-            loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+        with _building(path):  # another process building this package: wait for it, then load what it wrote
+            loader = self._load_or_build_locked(path, args, tensors, kind, t0)
         from torch.utils import _pytree
 
         out_spec = _pytree.treespec_loads(loader.get_call_spec()[1])
@@ -295,6 +286,40 @@ class AotFunction:
         else:
             self.unflatten = lambda flat: _pytree.tree_unflatten(flat, out_spec)
         self.run = loader.run
+
+
+    def _load_or_build_locked(self, path: str, args, tensors, kind: str, t0: float):
+        loader = None
+        if os.path.exists(path):
+            try:
+                loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+                self.built = "loaded"
+            except Exception:  # noqa: BLE001 - a damaged package (a disk filled mid-write): build it again
+                os.remove(path)
+        if loader is None:
+            dynamic = _dynamic_shapes(args, self.row_dims) if kind else None
+            _build(_Bound(self.fn, _template(args)), tuple(tensors), path, dynamic)
+            self.built = f"built in {time.perf_counter() - t0:.1f} s"
+            loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+        return loader
+
+
+@contextlib.contextmanager
+def _building(path: str):
+    """An exclusive lock on `path`'s build across processes (flock: released when its holder exits, however it
+    exits), so a package is built once per machine whoever asks for it first."""
+    try:
+        import fcntl
+    except ImportError:  # no flock here: each process builds what it lacks
+        yield
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _same(a):

@@ -543,6 +543,11 @@ def install(model, compiled: bool, gemv: str | None = None, family: type = FastF
     return runner
 
 
+def register(model, runner: FastForward) -> None:
+    """`runner` (made and built elsewhere: fast_path._decide, a background build) runs `model`'s forwards now."""
+    _runners[model] = runner
+
+
 def uninstall(model) -> None:
     """transformers' forward again: the runner goes, and the weights it held as copies alone come back."""
     from specview.cpu.forward import one_copy

@@ -1,0 +1,95 @@
+"""Compiled forwards built in the background: a session starts at once on transformers' forward, while a thread
+builds (or loads) the engine's own forward, probes it, and settles the verdict; the engine takes it between two
+steps (fast_path.take_ready, engine/decoder.py's Run.step), moving its KV caches over.
+
+The runner itself is made on the caller's thread (it lays the model's matrices out and packs their copies while no
+forward runs); the thread only builds its compiled functions and times them, reading the weights. Each function
+built is kept on disk at once (aot_compile.py, under a lock), so a process that ends first leaves its finished
+functions to the next, and two processes never build the same one twice.
+
+Until the switch the weights are held twice (the originals transformers' forward reads, and the copies being
+built); one_copy releases the originals at the switch.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Build:
+    spec: str
+    runner: object  # the compiled runner, once the build settled on it; None for an eager verdict
+    one_copy: bool
+    status: str = "starting"  # the last thing the build said (shown by run -v and the TUI's status line)
+    choice: object = None  # fast_path.ForwardChoice, when done
+    error: str | None = None  # why the build failed, if it did
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+_builds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> Build not taken yet
+_lock = threading.Lock()
+
+
+def start(model, spec: str, runner, work, one_copy: bool) -> None:
+    """Build `model`'s forward on a thread: `work(progress)` -> (choice, runner or None), `runner` the one it builds."""
+    build = Build(spec, runner, one_copy)
+
+    def progress(message: str) -> None:
+        build.status = message
+
+    def run() -> None:
+        try:
+            build.choice, build.runner = work(progress)
+        except BaseException as err:  # noqa: BLE001 - the session goes on as it is, and says why
+            build.runner, build.error = None, f"{type(err).__name__}: {err}"
+        finally:
+            build.status = "ready" if build.runner is not None else "eager"
+            build.done.set()
+
+    with _lock:
+        _builds[model] = build
+    threading.Thread(target=run, name=f"specview build {spec}", daemon=True).start()
+
+
+def runner_of(model):
+    """The runner a background build of `model` made on the caller's thread (its thread builds this one)."""
+    build = _builds.get(model)
+    return None if build is None else build.runner
+
+
+def pending() -> bool:
+    """Whether any build has not been taken yet: the engine's per-step check, one dictionary's length."""
+    return len(_builds) > 0
+
+
+def building(model) -> bool:
+    return model in _builds
+
+
+def done(model) -> bool:
+    build = _builds.get(model)
+    return build is not None and build.done.is_set()
+
+
+def finished(model) -> Build | None:
+    """The build of `model` if it is done (and no longer pending), else None."""
+    with _lock:
+        build = _builds.get(model)
+        if build is None or not build.done.is_set():
+            return None
+        del _builds[model]
+    return build
+
+
+def status() -> dict[str, str]:
+    """spec -> what each build in flight is doing."""
+    return {b.spec: b.status for b in list(_builds.values())}
+
+
+def wait(model, timeout: float | None = None) -> bool:
+    """Block until `model`'s build is done (tests; a command that wants the built forward)."""
+    build = _builds.get(model)
+    return True if build is None else build.done.wait(timeout)
