@@ -97,7 +97,8 @@ _STEP_CHECKS = {"step": _int, "drafted": _ints, "q": _nums, "p": _nums, "r": _op
                 "run": _int, "source": _opt(_ints), "drafter": _opt(lambda v: isinstance(v, str)), "position": _int,
                 "policy": _opt(lambda v: isinstance(v, str)), "stopped_by": _opt(lambda v: isinstance(v, str)),
                 "budget": _opt(_int), "cut_q": _opt(_num),
-                "tree": _opt(_tree)}
+                "tree": _opt(_tree),
+                "forwards": _opt(lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()))}
 
 
 def step_view(record: dict) -> StepView:

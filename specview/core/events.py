@@ -45,8 +45,9 @@ class StepResult:
     # A token tree's step (docs/design.md §18): {"tokens", "parents", "q", "p", "r", "path", "rejected"} over
     # every node; `drafted` .. `accepted` above keep their chain meaning along the accepted path. None: a chain.
     tree: dict | None = None
-    # Which forward each model ran this step ({"target": "compiled" | "eager", "draft": ...}), in a run that began
-    # while a compiled forward was being built in the background (it switches between steps); None otherwise.
+    # Which forward each model ran this step ({"target": "compiled" | "building" | "eager", "draft": ...}: building =
+    # transformers' forward while the compiled one is built in the background), in a run that began while such a
+    # build was in flight (it switches between steps); None otherwise.
     forwards: dict | None = None
     timing: object = field(default=None, repr=False, compare=False)  # timing.StepTiming; not in the JSON
 

@@ -315,7 +315,8 @@ class Run:
                 drafter.rollback(self._state(drafter), keep)
         result.phases_ms, result.wall_ms = timer.end_step()
         if self.track_forwards:
-            result.forwards = {role: "compiled" if fast_path.runner_for(lm.model) is not None else "eager"
+            result.forwards = {role: "compiled" if fast_path.runner_for(lm.model) is not None
+                               else "building" if fast_path.building(lm.model) else "eager"
                                for role, lm in (("target", dec.target), ("draft", dec.draft)) if lm is not None}
         result.timing = timer.last
         result.memory_mb = memory_mb(dec.device, dec.placed)

@@ -360,6 +360,7 @@ class SpecviewApp(App[None]):
             temperature=self.backend.temperature, device=self.info.device if self.info else "",
             rss_mb=last.memory_mb.get("rss") if narrow and last else None, run=self.run_index,
             drafter=self.backend.draft if self.info and len(self.info.drafters) > 1 else "",
+            forward=forward_label(self.views),
         ))
         if self.info is not None:
             self.query_one(MainView).show(self.info, self.views, self.viewing, self.stats, self.backend.k,
@@ -399,3 +400,17 @@ def engine_settings(settings):
         return settings
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return replace(settings, threads=max(1, cores - 1))
+
+
+def forward_label(views) -> str:
+    """The status line's word on a forward built in the background (steps record which forward they ran): building
+    while the run is on transformers' forward, then the step from which the built one runs."""
+    if not views or not views[-1].step.forwards:
+        return ""
+    if "building" in views[-1].step.forwards.values():
+        return "forward building…"
+    first = next((i for i, v in enumerate(views) if v.step.forwards and "building" not in v.step.forwards.values()),
+                 None)
+    if first is None or first == 0 or "compiled" not in views[first].step.forwards.values():
+        return ""
+    return f"compiled from step {first + 1}"

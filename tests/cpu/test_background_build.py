@@ -79,7 +79,7 @@ def test_the_run_switches_between_steps_and_keeps_greedy_output(pair):
     want, _ = greedy(target, None, None)  # autoregressive, transformers' forward
     got, steps = greedy(target, draft, switch_after=2)
     assert got == want
-    assert [s.forwards["target"] for s in steps[:2]] == ["eager", "eager"]
+    assert [s.forwards["target"] for s in steps[:2]] == ["building", "building"]
     assert all(s.forwards["target"] == "compiled" for s in steps[2:])
     assert fast_path.runner_for(target.model) is not None and not builds.pending()
 
@@ -136,3 +136,15 @@ def test_sampling_keeps_the_target_law_across_a_switch(small_vocab_pair, monkeyp
     counts = switched_counts(target, draft, cfg, 8)
     assert tv(counts, exact) < tv_threshold(exact, samples=SAMPLES)
     llama_forward.uninstall(target.model)
+
+
+def test_the_status_line_says_building_then_where_the_switch_was(pair):
+    from specview.backend.views import StepView
+    from specview.tui.app import forward_label
+
+    target, draft = pair
+    _, steps = greedy(target, draft, switch_after=2)
+    views = [StepView(s) for s in steps]
+    assert forward_label(views[:2]) == "forward building…"
+    assert forward_label(views) == "compiled from step 3"
+    assert forward_label([StepView(s) for s in greedy(target, draft, None)[1]]) == ""

@@ -25,6 +25,7 @@ class Status:
     rss_mb: float | None = None  # shown when the memory panel is hidden (narrow screens)
     run: int = 0
     drafter: str = ""  # named when the session has several (d switches)
+    forward: str = ""  # while a compiled forward is built in the background, and once the run switched to it
 
 
 class StatusLine(Widget):
@@ -55,6 +56,8 @@ class StatusLine(Widget):
             parts.append((f"run {s.run + 1}", ""))
         if s.drafter:
             parts.append((f"draft {s.drafter}", "bold"))
+        if s.forward:
+            parts.append((s.forward, "yellow" if "building" in s.forward else "green"))
         text = Text(no_wrap=True, overflow="ellipsis")
         for i, (part, style) in enumerate(parts):
             if i:
