@@ -5,7 +5,7 @@ STAMP   := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test fuzz stress bench bench-llamacpp bench-copy eval fidelity results lint check clean
+.PHONY: install run test fuzz stress bench bench-gpt2 bench-llamacpp bench-copy eval fidelity results lint check clean
 
 install: $(STAMP)
 
@@ -75,6 +75,15 @@ $(LLAMACPP_STAMP): $(STAMP)
 bench-llamacpp: install $(LLAMACPP_STAMP)
 	.venv/bin/specview bench --peer llamacpp,hf --temperature 0 -N 48 --threads 1 --target smollm2-135m \
 		--draft smollm2-135m@int4,ngram,llamacpp $(ARGS)
+
+# The mission's pair at its real size: GPT-2 XL and GPT-2 shapes with random weights, built locally once (6.7 GB in
+# build/gpt2-shapes; they time as the real ones do), benched on the default path. With the real weights:
+# `specview bench --target gpt2-xl --draft gpt2`.
+GPT2_SHAPES := build/gpt2-shapes
+bench-gpt2: install
+	$(PY) -m specview.bench.random_pair $(GPT2_SHAPES)
+	.venv/bin/specview bench --target $(GPT2_SHAPES)/gpt2-xl --draft $(GPT2_SHAPES)/gpt2 --temperature 0 -N 32 \
+		--prompt "w1 w2 w3 w4 w5 w6 w7 w8" $(ARGS)
 
 # Prompt lookup where it shines: a chat prompt asking to copy a passage (K 8: a proposal costs nothing).
 bench-copy: install
