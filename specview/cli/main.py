@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
             from specview.eval.options import build_eval_parser
 
             args = build_eval_parser().parse_args(argv[1:])
+            if args.endpoint or args.baseline_endpoint:  # a serving engine runs the model: no torch here
+                from specview.eval.endpoint import endpoint_eval
+
+                return endpoint_eval(args)
             from specview.eval.command import eval_command
 
             return eval_command(args)

@@ -28,14 +28,27 @@ def render(doc: dict) -> Group:
     head = (f"target {c.get('target')} · N {c.get('max_new_tokens')} · K {c.get('k')} · temperature "
             f"{c.get('temperature')}{' (greedy)' if c.get('temperature') == 0 else ''} · chat {c.get('chat')} · "
             f"prompts {c.get('prompts')}: {len(done)} of {len(prompts)} done"
-            + (f" · draft policies {', '.join(policies(c))}" if policies(c) != ["fixed"] else ""))
+            + (f" · draft policies {', '.join(policies(c))}" if policies(c) != ["fixed"] and not c.get("engine")
+               else ""))
     machine = f"{meta.get('cpu')} · {meta.get('device')} · {meta.get('threads')} threads" if meta else ""
+    if c.get("engine"):
+        machine = engine_line(c)
     parts = [Text(head, style="bold"), Text(machine, style="dim"), category_table(doc), positions_table(doc)]
     parts += [Text(line, style="yellow") for line in token_mismatches(doc)]
     if doc.get("interrupted") or not doc.get("complete", True):
         parts.append(Text(f"incomplete: {len(done)} of {len(prompts)} prompts; `specview eval --resume FILE` "
                           "continues", style="yellow"))
     return Group(*parts)
+
+
+def engine_line(c: dict) -> str:
+    """An endpoint's eval: which engine, and what its figures are (its counters; no per-step verdicts)."""
+    e = c["engine"]
+    base = (f"baseline {c['baseline_endpoint']}: speedup per prompt" if c.get("baseline_endpoint") else
+            "no --baseline-endpoint: tokens/s only, no speedup")
+    return (f"engine {e.get('kind')} {e.get('version') or ''} at {e.get('url')} · acceptance from its own counters "
+            f"({'timings.draft_n' if e.get('kind') == 'llama-server' else '/metrics deltas'}); alpha, c and v "
+            f"need per-step figures it does not export · {base}")
 
 
 def _drafters(doc: dict) -> list[str]:
