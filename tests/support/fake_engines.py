@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -101,6 +102,8 @@ def _handler(engine: FakeEngine):
                 return self._send(200, [{"id": 0, "speculative": engine.speculative}])
             if path == "/metrics" and kind in ("llama-server", "vllm") and engine.metrics:
                 return self._send(200, engine.exposition(), "text/plain; version=0.0.4")
+            if path == "/health":
+                return self._send(200, {"status": "ok"})
             if path == "/v1/models" and kind in ("llama-server", "vllm", "openai"):
                 return self._send(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
             if path == "/version" and kind == "vllm":
@@ -114,9 +117,12 @@ def _handler(engine: FakeEngine):
             engine.requests.append((self.path, body))
             kind = engine.kind
             if kind == "llama-server" and self.path == "/completion":
-                text, timings = engine.generate(body["prompt"], body["n_predict"])
-                return self._send(200, {"content": text, "tokens_predicted": body["n_predict"], "timings": timings,
-                                        "stop": True})
+                prompt = body["prompt"] if isinstance(body["prompt"], str) else " ".join(map(str, body["prompt"]))
+                text, timings = engine.generate(prompt, body["n_predict"])
+                out = {"content": text, "tokens_predicted": body["n_predict"], "timings": timings, "stop": True}
+                if body.get("return_tokens"):
+                    out["tokens"] = [(len(prompt) + i) % 7 for i in range(body["n_predict"])]
+                return self._send(200, out)
             if kind in ("llama-server", "vllm", "openai") and self.path == "/v1/completions":
                 text, timings = engine.generate(body["prompt"], body["max_tokens"])
                 out = {"object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
@@ -174,3 +180,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def main(argv: list[str]) -> None:
+    """A stand-in for the llama-server binary (`bench --peer llama-server` without `make engines`): the flags
+    specview passes, --version, and the fake's answers on --port until it is terminated."""
+    if "--version" in argv:
+        print("version: 0 (fake)", file=sys.stderr)
+        return
+    port = int(argv[argv.index("--port") + 1])
+    engine = FakeEngine("llama-server", speculative="--spec-type" in argv)
+    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(engine))
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
