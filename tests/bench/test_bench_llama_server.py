@@ -13,6 +13,7 @@ import pytest
 
 from helpers import run_cli
 from specview.bench.options import parse_peer
+from tiny import write_tiny_gguf
 
 SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
 
@@ -34,9 +35,15 @@ def fake_binary(tmp_path, monkeypatch):
     return str(script)
 
 
-def test_bench_times_llama_server_beside_ours_in_one_run(capsys, tmp_path, fake_binary):
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+def test_bench_times_llama_server_beside_ours_in_one_run(capsys, tmp_path, fake_binary, tiny_gguf):
     out = tmp_path / "bench.json"
-    code, stdout, err = run_cli(capsys, "bench", "--peer", "llama-server:ngram-simple", "--draft", "ngram",
+    code, stdout, err = run_cli(capsys, "bench", "--target", tiny_gguf, "--prompt", "w1 w2 w3",
+                                "--peer", "llama-server:ngram-simple", "--draft", "ngram",
                                 "--temperature", "0", "-N", "8", "-K", "3", "-R", "2", "--threads", "1",
                                 "--no-profile", "--json", str(out))
     assert code == 0, err
@@ -53,7 +60,7 @@ def test_bench_times_llama_server_beside_ours_in_one_run(capsys, tmp_path, fake_
     assert spec["mean_emitted_per_step"] == 16 / (16 - accepted)
     peer = spec["peer"]
     assert peer["implementation"] == "llama-server" and peer["version"] == "version: 0 (fake)"
-    assert peer["spec_type"] == "ngram-simple" and peer["n_threads"] == 1
+    assert peer["spec_type"] == "ngram-simple" and peer["n_threads"] == 1 and peer["gguf"] == tiny_gguf
     flags = peer["flags"]
     assert flags[flags.index("--spec-type") + 1] == "ngram-simple" and flags[flags.index("--spec-draft-n-max") + 1] == "3"
     assert flags[flags.index("-t") + 1] == "1"
