@@ -34,6 +34,8 @@ def render(doc: dict) -> Group:
     if c.get("engine"):
         machine = engine_line(c)
     parts = [Text(head, style="bold"), Text(machine, style="dim"), category_table(doc), positions_table(doc)]
+    if c.get("engine"):
+        parts.append(Text(engine_rates(doc), style="dim"))
     parts += [Text(line, style="yellow") for line in token_mismatches(doc)]
     if doc.get("interrupted") or not doc.get("complete", True):
         parts.append(Text(f"incomplete: {len(done)} of {len(prompts)} prompts; `specview eval --resume FILE` "
@@ -49,6 +51,18 @@ def engine_line(c: dict) -> str:
     return (f"engine {e.get('kind')} {e.get('version') or ''} at {e.get('url')} · acceptance from its own counters "
             f"({'timings.draft_n' if e.get('kind') == 'llama-server' else '/metrics deltas'}); alpha, c and v "
             f"need per-step figures it does not export · {base}")
+
+
+def engine_rates(doc: dict) -> str:
+    """tok/s above is the client's (tokens / request wall time, prefill and HTTP included, like eval's own); the
+    engine's generation rate (its own clock, prefill excluded) beside it."""
+    summary = doc.get("summary") or {}
+    said = [f"{d} {fmt((summary[d].get('overall') or {}).get('engine_tokens_per_s'), '{:.1f}')}" for d in _drafters(doc)]
+    base = (summary.get(AUTOREGRESSIVE) or {}).get("overall") or {}
+    if base.get("prompts"):
+        said.append(f"baseline {fmt(base.get('engine_tokens_per_s'), '{:.1f}')}")
+    return ("tok/s = tokens / request wall time (prefill and HTTP included); the engine's own generation rate "
+            "(prefill excluded), every prompt: " + ", ".join(said))
 
 
 def _drafters(doc: dict) -> list[str]:
