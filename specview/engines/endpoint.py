@@ -62,6 +62,21 @@ class Endpoint:
     def close(self) -> None:
         self.client.close()
 
+    def learn_spec_types(self) -> None:
+        """llama-server names its speculative types in a slot's params once the slot has served a request (/props
+        keeps the per-request default, "none"): info["spec_types"] from there."""
+        if self.kind != LLAMA_SERVER:
+            return
+        response = self._get("/slots")
+        slots = _json(response)
+        for slot in slots if isinstance(slots, list) else []:
+            types = ((slot or {}).get("params") or {}).get("speculative.types") if isinstance(slot, dict) else None
+            if isinstance(types, str):
+                named = [t for t in types.split(",") if t and t != "none"]
+                if named:
+                    self.info["spec_types"] = ",".join(named)
+                    return
+
     def counters(self) -> SpecCounters | None:
         if not self.metrics:
             return None

@@ -48,6 +48,11 @@ def _eval(args, stop: Stop) -> int:
     engine = probe(args.endpoint, need_speculation=True)
     base = probe(args.baseline_endpoint, False, "--baseline-endpoint") if args.baseline_endpoint else None
     try:
+        t0 = time.perf_counter()
+        for endpoint in filter(None, (base, engine)):  # warm-up, not kept
+            endpoint.complete(prompts[0].text, _short(settings), bool(args.chat))
+        warmup_s = time.perf_counter() - t0
+        engine.learn_spec_types()  # llama-server says its speculative types once a request has run
         config = endpoint_config(settings, args, prompts, engine, base)
         previous = _load_resume(args.resume, config) if args.resume else None
         out = args.json or args.resume or default_path(args.profile_dir or settings.profile_dir, config["target"])
@@ -55,7 +60,7 @@ def _eval(args, stop: Stop) -> int:
         meta = {"cpu": host.cpu_summary(), "cpu_flags": host.cpu_flags(), "device": engine.url,
                 "threads": None, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_results": 0,
                 "engine": engine.info, "baseline_engine": base.info if base else None,
-                "timing": {"warmup_s": 0.0, "loop_s": 0.0, "runs_s": 0.0}}
+                "timing": {"warmup_s": warmup_s, "loop_s": 0.0, "runs_s": 0.0}}
         results = [r for r in previous["results"] if r["prompt_id"] in {p.id for p in prompts}] if previous else []
         if previous:
             results = whole_prompts(results, config)
@@ -64,11 +69,6 @@ def _eval(args, stop: Stop) -> int:
         todo = [p for p in prompts if p.id not in done]
         records = [{"id": p.id, "category": p.category} for p in prompts]
         interrupted = False
-        if todo:
-            t0 = time.perf_counter()
-            for endpoint in filter(None, (base, engine)):  # warm-up, not kept
-                endpoint.complete(todo[0].text, _short(settings), config["chat"])
-            meta["timing"]["warmup_s"] = time.perf_counter() - t0
         loop_start = time.perf_counter()
         try:
             for n, prompt in enumerate(todo, 1):
@@ -98,7 +98,7 @@ def _short(settings: Settings) -> Settings:
 
 def engine_label(info: dict) -> str:
     """'llama-server:ngram-simple', 'vllm', ...: the engine and its drafter where it says which."""
-    types = (info.get("speculative_params") or {}).get("speculative.types")
+    types = info.get("spec_types") or (info.get("speculative_params") or {}).get("speculative.types")
     return info["kind"] + (f":{types}" if isinstance(types, str) and types and types != "none" else "")
 
 

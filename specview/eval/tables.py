@@ -25,7 +25,8 @@ def render(doc: dict) -> Group:
     c, meta = doc.get("config") or {}, doc.get("meta") or {}
     done = {r["prompt_id"] for r in doc.get("results") or []}
     prompts = doc.get("prompts") or []
-    head = (f"target {c.get('target')} · N {c.get('max_new_tokens')} · K {c.get('k')} · temperature "
+    k = "drafts: the engine's own" if c.get("engine") else f"K {c.get('k')}"
+    head = (f"target {c.get('target')} · N {c.get('max_new_tokens')} · {k} · temperature "
             f"{c.get('temperature')}{' (greedy)' if c.get('temperature') == 0 else ''} · chat {c.get('chat')} · "
             f"prompts {c.get('prompts')}: {len(done)} of {len(prompts)} done"
             + (f" · draft policies {', '.join(policies(c))}" if policies(c) != ["fixed"] and not c.get("engine")
@@ -73,7 +74,8 @@ def category_table(doc: dict) -> Table:
     """One section per drafter, a row per category and one for every prompt ("all")."""
     summary = doc.get("summary") or {}
     ar = summary.get(AUTOREGRESSIVE) or {}
-    table = Table(title=f"per category (K={(doc.get('config') or {}).get('k')})", title_justify="left",
+    c = doc.get("config") or {}
+    table = Table(title="per category" + ("" if c.get("engine") else f" (K={c.get('k')})"), title_justify="left",
                   caption="accept = accepted drafts / drafted; τ = tokens per target forward; AR = autoregressive; speedup over "
                           "autoregressive: mean of per-prompt ratios (Spec-Bench) and total time / total time; "
                           "predicted = E(K) / (K c + v), E(K) from alpha", caption_justify="left")

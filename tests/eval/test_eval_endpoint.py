@@ -34,7 +34,7 @@ def test_llama_server_acceptance_is_its_timings_summed(capsys, tmp_path):
     assert doc["schema"] == "specview.eval/1" and doc["complete"]
     c = doc["config"]
     assert c["engine"]["kind"] == "llama-server" and c["engine"]["version"] == "b9999-fake"
-    assert c["drafters"] == [label] and c["k"] == 8 and c["target"] == "fake.gguf"
+    assert c["drafters"] == [label] and c["engine"]["spec_types"] == "ngram-simple" and c["target"] == "fake.gguf"
     assert c["baseline_endpoint"] == base_url
     by_cat = doc["summary"][label]["by_category"]
     assert set(by_cat) == {"conversation", "translation", "summarization", "qa", "math", "rag"}

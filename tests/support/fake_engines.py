@@ -94,12 +94,14 @@ def _handler(engine: FakeEngine):
         def do_GET(self):  # noqa: N802 - http.server's name
             kind, path = engine.kind, self.path
             if kind == "llama-server" and path == "/props":
-                params = {"speculative.types": "ngram-simple" if engine.speculative else "none",
-                          "speculative.n_max": 8}
+                params = {"speculative.types": "none"}  # the per-request default, as the real one says
                 return self._send(200, {"default_generation_settings": {"n_ctx": 4096, "params": params},
                                         "model_path": "/models/fake.gguf", "build_info": "b9999-fake"})
             if kind == "llama-server" and path == "/slots":
-                return self._send(200, [{"id": 0, "speculative": engine.speculative}])
+                slot = {"id": 0, "speculative": engine.speculative}
+                if engine.requests:  # once a slot has served a request it shows its params
+                    slot["params"] = {"speculative.types": "none,ngram-simple" if engine.speculative else "none"}
+                return self._send(200, [slot])
             if path == "/metrics" and kind in ("llama-server", "vllm") and engine.metrics:
                 return self._send(200, engine.exposition(), "text/plain; version=0.0.4")
             if path == "/health":
