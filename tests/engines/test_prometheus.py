@@ -63,3 +63,12 @@ def test_deltas_and_a_restarted_engine():
 def test_not_prometheus_is_one_line(line):
     with pytest.raises(SpecviewError, match="line 1"):
         parse(line + "\n")
+
+
+def test_a_recorded_llama_server_exposition():
+    text = read("llama_server_metrics.prom")
+    assert engine_of(text) == "llamacpp"
+    c = spec_counters(text)
+    assert (c.drafts, c.draft_tokens, c.accepted, c.generated) == (5, 168, 36, 155)
+    assert len(c.per_position) == 48 and c.per_position[:3] == [4, 4, 3]  # one series per position it can draft
+    assert sum(c.per_position) == c.accepted  # a draft accepted at position i was accepted at every one before
