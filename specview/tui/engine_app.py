@@ -27,8 +27,20 @@ def figures_table(rows: list[Figures]) -> Table:
         table.add_row(f.source, fmt(f.acceptance_rate, "{:.1%}"),
                       f"{f.accepted} / {f.drafted}" if f.drafted is not None else "n/a",
                       fmt(f.tokens_per_step, "{:.2f}"), fmt(f.tokens_per_s, "{:.1f}"),
-                      " ".join(fmt(p, "{:.0%}", "-") for p in f.per_position) or "not exported")
+                      _positions(f.per_position))
     return table
+
+
+def _positions(values: list) -> str:
+    """Per position up to the last one that accepted anything (an engine keeps a series for every position it
+    could draft, 48 for ngram-simple's default), and how many more it keeps."""
+    if not values:
+        return "not exported"
+    last = max((i for i, v in enumerate(values) if v), default=-1)
+    shown = " ".join(fmt(v, "{:.0%}", "-") for v in values[: last + 1]) or "none accepted"
+    rest = len(values) - last - 1
+    return shown + (f" (+{rest} positions at 0)" if rest and last >= 0 else f" ({len(values)} positions)"
+                    if last < 0 else "")
 
 
 class EngineApp(App):
