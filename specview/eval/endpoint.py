@@ -7,6 +7,7 @@ eval/engine_summary.py. No torch, no model: the endpoint runs the model."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -55,7 +56,9 @@ def _eval(args, stop: Stop) -> int:
         engine.learn_spec_types()  # llama-server says its speculative types once a request has run
         config = endpoint_config(settings, args, prompts, engine, base)
         previous = _load_resume(args.resume, config) if args.resume else None
-        out = args.json or args.resume or default_path(args.profile_dir or settings.profile_dir, config["target"])
+        to_stdout = args.json == "-"  # the document on stdout; the file is still written (--resume reads it)
+        out = ((None if to_stdout else args.json) or args.resume
+               or default_path(args.profile_dir or settings.profile_dir, config["target"]))
         ensure_writable_dir(os.path.dirname(os.path.abspath(out)), "--json")
         meta = {"cpu": host.cpu_summary(), "cpu_flags": host.cpu_flags(), "device": engine.url,
                 "threads": None, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_results": 0,
@@ -88,6 +91,9 @@ def _eval(args, stop: Stop) -> int:
         engine.close()
         if base:
             base.close()
+    if to_stdout:
+        print(json.dumps(doc, indent=1))
+        stdout = stderr  # the tables and plots go beside it, on stderr
     show(doc, out, args, stdout, stderr)
     return 130 if interrupted or stop else 0
 

@@ -59,9 +59,10 @@ def build_eval_parser() -> argparse.ArgumentParser:
                    help="at most N prompts per category (the first ones)")
     g.add_argument("--categories", type=parse_categories, default=None, metavar="A,B",
                    help="only these categories")
-    g.add_argument("--json", metavar="PATH", default=None,
+    g.add_argument("--json", metavar="PATH", default=None, nargs="?", const="-",
                    help="where the results go (specview.eval/1; plots beside it as .png and .svg); default: "
-                        "<profile-dir>/<stamp>-<target>.eval.json")
+                        "<profile-dir>/<stamp>-<target>.eval.json. With --endpoint, --json alone (or -) also prints "
+                        "the document on stdout, the tables on stderr")
     g.add_argument("--resume", metavar="EVAL.json", default=None,
                    help="continue an interrupted eval from its file (same settings; the results go back to it "
                         "unless --json says otherwise)")

@@ -20,8 +20,8 @@ def run_eval(capsys, tmp_path, url, *more):
     return code, stdout, stderr, (json.loads(out.read_text()) if out.exists() else None)
 
 
-def expected(category: str) -> float:
-    prompts = [p for p in load_prompts(BUILTIN, 2) if p.category == category]
+def expected(category: str, limit: int = 2) -> float:
+    prompts = [p for p in load_prompts(BUILTIN, limit) if p.category == category]
     counts = [drafts_for(p.text, N) for p in prompts]
     return sum(c[1] for c in counts) / sum(c[0] for c in counts)
 
@@ -121,3 +121,13 @@ def test_report_shows_an_endpoint_eval_and_compares_it(capsys, tmp_path):
     assert code == 0 and "enginellama-serverb9999-fake" in flat and "(timings.draft_n)" in flat
     code, out, _ = run_cli(capsys, "report", str(tmp_path / "ev.json"), str(tmp_path / "ev.json"))
     assert code == 0 and "A: llama-server" in out and "B: llama-server" in out
+
+
+def test_json_alone_prints_the_document_on_stdout(capsys, tmp_path):
+    with fake_engine("llama-server") as (_, url):
+        code, stdout, err = run_cli(capsys, "eval", "--endpoint", url, "--limit", "1", "--categories", "qa", "-N",
+                                    str(N), "--no-plots", "--profile-dir", str(tmp_path), "--json")
+    assert code == 0
+    doc = json.loads(stdout)  # nothing else on stdout
+    assert doc["summary"]["llama-server:ngram-simple"]["overall"]["acceptance_rate"] == expected("qa", 1)
+    assert "per category" in err and "results written" in err
