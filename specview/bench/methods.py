@@ -211,6 +211,11 @@ def make_methods(session, peer: str | None, generator: torch.Generator, stop: St
             methods["hf_prompt_lookup"] = HFMethod(session, assisted=False, stop=stop, lookup=ngram)
     if "llamacpp" in peers:
         methods.update(llamacpp_methods(session, stop, ngram, skipped))
+    server = next((p for p in peers if p.partition(":")[0] == "llama-server"), None)
+    if server is not None:
+        from specview.bench.llama_server import llama_server_methods
+
+        methods.update(llama_server_methods(session, stop, server, skipped))
     return methods
 
 

@@ -18,6 +18,7 @@ class RunRecord:
     summary: RunSummary | None = None  # engine methods only
     steps: list = field(default_factory=list)  # engine methods: the StepResults, for the bench's profile
     first_token_s: float | None = None  # llama.cpp peer: call start to its first token (prefill + one sample)
+    engine: dict | None = None  # llama-server peer: its timings and the draft counts read from them
 
     @property
     def tokens(self) -> int:
@@ -33,4 +34,6 @@ class RunRecord:
                        stop_reason=s.stop_reason, phases_ms=dict(s.phases_ms))
         if self.first_token_s is not None:
             out["first_token_s"] = self.first_token_s
+        if self.engine is not None:
+            out["engine"] = self.engine
         return out

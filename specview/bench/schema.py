@@ -4,15 +4,23 @@ methods are shown in, and the peers (no torch here: `specview bench --help` and 
 from specview.core.file_schemas import BENCH_SCHEMA  # noqa: F401 - bench's modules take it from here
 
 METHOD_ORDER = ("autoregressive", "speculative", "draft_autoregressive", "hf_generate", "hf_assisted",
-                "hf_prompt_lookup", "llamacpp_generate",
-                "llamacpp_prompt_lookup")  # then speculative:<spec> for each further drafter
-DRAFTING_PEERS = ("hf_assisted", "hf_prompt_lookup", "llamacpp_prompt_lookup")  # peer methods whose work depends on K
-PEER_METHODS = ("hf_generate", "hf_assisted", "hf_prompt_lookup", "llamacpp_generate", "llamacpp_prompt_lookup")
+                "hf_prompt_lookup", "llamacpp_generate", "llamacpp_prompt_lookup", "llama_server_generate",
+                "llama_server_speculative")  # then speculative:<spec> for each further drafter
+# peer methods whose work depends on K
+DRAFTING_PEERS = ("hf_assisted", "hf_prompt_lookup", "llamacpp_prompt_lookup", "llama_server_speculative")
+PEER_METHODS = ("hf_generate", "hf_assisted", "hf_prompt_lookup", "llamacpp_generate", "llamacpp_prompt_lookup",
+                "llama_server_generate", "llama_server_speculative")
 # hf = transformers' generate(), assisted generation and prompt lookup; llamacpp = llama-cpp-python on the
-# target's GGUF file, plain and with its prompt lookup
-PEERS = ("hf", "llamacpp")
+# target's GGUF file, plain and with its prompt lookup; llama-server[:TYPE] = llama.cpp's server on that file,
+# plain and with its speculative TYPE (bench/llama_server.py)
+PEERS = ("hf", "llamacpp", "llama-server")
 
 
 def peer_names(peer: str | None) -> list[str]:
-    """--peer's value ('hf', 'llamacpp', 'hf,llamacpp' or None) -> the peers, in the order given."""
+    """--peer's value ('hf', 'llamacpp', 'hf,llama-server:ngram-mod' or None) -> the peers, in the order given."""
     return [p for p in (peer or "").split(",") if p]
+
+
+def peer_base(name: str) -> str:
+    """'llama-server:ngram-mod' -> 'llama-server'."""
+    return name.partition(":")[0]

@@ -82,13 +82,39 @@ def peer_lines(doc: dict) -> list[Text]:
     """How the llama.cpp peer ran: its file, weights and kernels are not ours, and a reader must know. (A
     skipped peer is said once, on stderr, when bench runs; the file keeps it in `peers_skipped`.)"""
     methods = doc.get("methods") or {}
-    info = next((m["peer"] for m in methods.values() if isinstance(m, dict) and isinstance(m.get("peer"), dict)), None)
+    lines = server_lines(doc)
+    info = next((m["peer"] for m in methods.values() if isinstance(m, dict) and isinstance(m.get("peer"), dict)
+                 and m["peer"].get("implementation") != "llama-server"), None)
     if not info:
-        return []
-    return [Text(f"llamacpp: {info.get('implementation')} {info.get('version')} on "
+        return lines
+    return lines + [Text(f"llamacpp: {info.get('implementation')} {info.get('version')} on "
                  f"{os.path.basename(str(info.get('gguf')))} (the file's own weights and kernels), "
                  f"{info.get('n_threads')} threads, n_ctx {info.get('n_ctx')}, n_batch {info.get('n_batch')}; "
                  "greedy tokens are compared, not required to be equal", style="dim")]
+
+
+def server_lines(doc: dict) -> list[Text]:
+    """llama-server's speculation beside ours: its acceptance and tokens per step from its own timings, ours from
+    our steps, and how it ran (version, flags)."""
+    methods = doc.get("methods") or {}
+    spec = methods.get("llama_server_speculative")
+    info = next((m["peer"] for m in methods.values() if isinstance(m, dict) and isinstance(m.get("peer"), dict)
+                 and m["peer"].get("implementation") == "llama-server"), None)
+    if not info:
+        return []
+    out = []
+    if isinstance(spec, dict):
+        ours = methods.get("speculative") or {}
+        out.append(Text(f"llama-server {spec['peer'].get('spec_type')}: acceptance {fmt(spec.get('acceptance_rate'), '{:.1%}')} "
+                        f"({spec.get('accepted')} of {spec.get('drafted')} drafts), "
+                        f"{fmt(spec.get('mean_emitted_per_step'), '{:.2f}')} tokens per step, "
+                        f"{fmt(spec.get('tokens_per_s'), '{:.1f}')} tokens/s · ours ({ours.get('drafter')}): acceptance "
+                        f"{fmt(doc.get('acceptance_rate'), '{:.1%}')}, {fmt(doc.get('mean_emitted_per_step'), '{:.2f}')} "
+                        f"tokens per step, {fmt(ours.get('tokens_per_s'), '{:.1f}')} tokens/s"))
+    out.append(Text(f"llama-server: {info.get('version')} on {os.path.basename(str(info.get('gguf')))} (the file's own "
+                    f"weights and kernels), {info.get('n_threads')} threads; flags "
+                    f"{' '.join(str(f) for f in (spec or {}).get('peer', info).get('flags') or [])}", style="dim"))
+    return out
 
 
 def _same(same: dict | None, name: str) -> str:

@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
             from specview.eval.options import build_eval_parser
 
             args = build_eval_parser().parse_args(argv[1:])
+            if args.endpoint or args.baseline_endpoint:  # a serving engine runs the model: no torch here
+                from specview.eval.endpoint import endpoint_eval
+
+                return endpoint_eval(args)
             from specview.eval.command import eval_command
 
             return eval_command(args)
@@ -70,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return whatif_command(build_whatif_parser().parse_args(argv[1:]))
         args = build_tui_parser().parse_args(argv)
+        if args.attach:  # which kind of server, said before anything needs a terminal: a wrong URL is one line
+            from specview.engines.watch import is_specview_server, open_engine
+
+            args.engine = None if is_specview_server(args.attach) else open_engine(args.attach)
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise SpecviewError("the TUI needs a terminal; for headless output use `specview run` (same options)")
         from specview.tui.app import tui_command

@@ -121,6 +121,8 @@ def check_inputs(args, settings: Settings) -> tuple[list[Prompt], dict, dict | N
         drafter_kind(spec)
     config = eval_config(settings, args, prompts, drafters)
     previous = load_resume(args.resume, config) if args.resume else None
+    if args.json == "-":
+        raise SpecviewError("--json alone (the document on stdout) is for eval --endpoint; give a path")
     out = args.json or args.resume or default_path(args.profile_dir or settings.profile_dir, settings.target)
     ensure_writable_dir(os.path.dirname(os.path.abspath(out)), "--json")
     return prompts, config, previous, out

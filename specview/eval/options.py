@@ -59,11 +59,20 @@ def build_eval_parser() -> argparse.ArgumentParser:
                    help="at most N prompts per category (the first ones)")
     g.add_argument("--categories", type=parse_categories, default=None, metavar="A,B",
                    help="only these categories")
-    g.add_argument("--json", metavar="PATH", default=None,
+    g.add_argument("--json", metavar="PATH", default=None, nargs="?", const="-",
                    help="where the results go (specview.eval/1; plots beside it as .png and .svg); default: "
-                        "<profile-dir>/<stamp>-<target>.eval.json")
+                        "<profile-dir>/<stamp>-<target>.eval.json. With --endpoint, --json alone (or -) also prints "
+                        "the document on stdout, the tables on stderr")
     g.add_argument("--resume", metavar="EVAL.json", default=None,
                    help="continue an interrupted eval from its file (same settings; the results go back to it "
                         "unless --json says otherwise)")
     g.add_argument("--no-plots", action="store_true", help="no terminal plots and no plot files")
+    e = p.add_argument_group("a serving endpoint (docs/guide/engines.md)")
+    e.add_argument("--endpoint", metavar="URL", default=None,
+                   help="measure a serving engine instead of specview's: llama-server (/completion, draft counts "
+                        "from its timings) or vLLM (/v1/completions, draft counts from /metrics), one request at a "
+                        "time; the prompts go as they are unless --chat asks for the server's template")
+    e.add_argument("--baseline-endpoint", metavar="URL", default=None,
+                   help="the same model served without speculation: the speedup per category (without it, "
+                        "tokens/s only)")
     return p

@@ -109,6 +109,10 @@ def summarize(doc: dict) -> dict:
     """{"autoregressive": {...}, "<drafter>": {"overall": {...}, "by_category": {"<cat>": {...}}, "drafter",
     "policy"}}, drafters in the order of --draft (with a list of policies, `<drafter> [<policy>]` for each but
     the first: variants()), categories in the order of the prompt set; only prompts with results count."""
+    if doc["config"].get("engine"):  # an eval of a serving endpoint: the engine's counters, not our steps
+        from specview.eval.engine_summary import summarize as summarize_endpoint
+
+        return summarize_endpoint(doc)
     k = doc["config"]["k"]
     category = {p["id"]: p["category"] for p in doc["prompts"]}
     order = list(dict.fromkeys(p["category"] for p in doc["prompts"]))

@@ -25,17 +25,45 @@ def render(doc: dict) -> Group:
     c, meta = doc.get("config") or {}, doc.get("meta") or {}
     done = {r["prompt_id"] for r in doc.get("results") or []}
     prompts = doc.get("prompts") or []
-    head = (f"target {c.get('target')} · N {c.get('max_new_tokens')} · K {c.get('k')} · temperature "
+    k = "drafts: the engine's own" if c.get("engine") else f"K {c.get('k')}"
+    head = (f"target {c.get('target')} · N {c.get('max_new_tokens')} · {k} · temperature "
             f"{c.get('temperature')}{' (greedy)' if c.get('temperature') == 0 else ''} · chat {c.get('chat')} · "
             f"prompts {c.get('prompts')}: {len(done)} of {len(prompts)} done"
-            + (f" · draft policies {', '.join(policies(c))}" if policies(c) != ["fixed"] else ""))
+            + (f" · draft policies {', '.join(policies(c))}" if policies(c) != ["fixed"] and not c.get("engine")
+               else ""))
     machine = f"{meta.get('cpu')} · {meta.get('device')} · {meta.get('threads')} threads" if meta else ""
+    if c.get("engine"):
+        machine = engine_line(c)
     parts = [Text(head, style="bold"), Text(machine, style="dim"), category_table(doc), positions_table(doc)]
+    if c.get("engine"):
+        parts.append(Text(engine_rates(doc), style="dim"))
     parts += [Text(line, style="yellow") for line in token_mismatches(doc)]
     if doc.get("interrupted") or not doc.get("complete", True):
         parts.append(Text(f"incomplete: {len(done)} of {len(prompts)} prompts; `specview eval --resume FILE` "
                           "continues", style="yellow"))
     return Group(*parts)
+
+
+def engine_line(c: dict) -> str:
+    """An endpoint's eval: which engine, and what its figures are (its counters; no per-step verdicts)."""
+    e = c["engine"]
+    base = (f"baseline {c['baseline_endpoint']}: speedup per prompt" if c.get("baseline_endpoint") else
+            "no --baseline-endpoint: tokens/s only, no speedup")
+    return (f"engine {e.get('kind')} {e.get('version') or ''} at {e.get('url')} · acceptance from its own counters "
+            f"({'timings.draft_n' if e.get('kind') == 'llama-server' else '/metrics deltas'}); alpha, c and v "
+            f"need per-step figures it does not export · {base}")
+
+
+def engine_rates(doc: dict) -> str:
+    """tok/s above is the client's (tokens / request wall time, prefill and HTTP included, like eval's own); the
+    engine's generation rate (its own clock, prefill excluded) beside it."""
+    summary = doc.get("summary") or {}
+    said = [f"{d} {fmt((summary[d].get('overall') or {}).get('engine_tokens_per_s'), '{:.1f}')}" for d in _drafters(doc)]
+    base = (summary.get(AUTOREGRESSIVE) or {}).get("overall") or {}
+    if base.get("prompts"):
+        said.append(f"baseline {fmt(base.get('engine_tokens_per_s'), '{:.1f}')}")
+    return ("tok/s = tokens / request wall time (prefill and HTTP included); the engine's own generation rate "
+            "(prefill excluded), every prompt: " + ", ".join(said))
 
 
 def _drafters(doc: dict) -> list[str]:
@@ -46,7 +74,8 @@ def category_table(doc: dict) -> Table:
     """One section per drafter, a row per category and one for every prompt ("all")."""
     summary = doc.get("summary") or {}
     ar = summary.get(AUTOREGRESSIVE) or {}
-    table = Table(title=f"per category (K={(doc.get('config') or {}).get('k')})", title_justify="left",
+    c = doc.get("config") or {}
+    table = Table(title="per category" + ("" if c.get("engine") else f" (K={c.get('k')})"), title_justify="left",
                   caption="accept = accepted drafts / drafted; τ = tokens per target forward; AR = autoregressive; speedup over "
                           "autoregressive: mean of per-prompt ratios (Spec-Bench) and total time / total time; "
                           "predicted = E(K) / (K c + v), E(K) from alpha", caption_justify="left")

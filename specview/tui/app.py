@@ -384,6 +384,11 @@ def tui_command(args) -> int:
     from specview.tui.process import ProcessBackend
 
     settings = Settings.from_args(args)
+    if getattr(args, "attach", None) and getattr(args, "engine", None) is not None:  # llama-server, vLLM
+        from specview.engines.watch import EngineWatch
+        from specview.tui.engine_app import EngineApp
+
+        return run_tui(EngineApp(EngineWatch(args.engine, settings)))
     if getattr(args, "attach", None):
         from specview.tui.attach import AttachBackend
 
