@@ -221,7 +221,7 @@ def test_the_console_script_exits_fast_yet_runs_exit_handlers_and_waits_for_thre
     stdout must be flushed whole, and a live non-daemon thread must get the ordinary exit (which waits for it)."""
     script = (
         "import atexit, sys, threading, time\n"
-        "from specview import cli\n"
+        "from specview.cli import main as cli\n"
         f"atexit.register(lambda: open({str(tmp_path / 'handler')!r}, 'w').write('ran'))\n"
         "if sys.argv[1] == 'thread':\n"
         f"    threading.Thread(target=lambda: (time.sleep(0.2), open({str(tmp_path / 'thread')!r}, 'w').write('done')))"

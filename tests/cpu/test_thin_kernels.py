@@ -126,12 +126,12 @@ def test_a_damaged_library_is_built_again(tmp_path):
     """A library cut short (a disk that filled up, a copy interrupted) must not lose the kernel for good. In a
     process of its own: this one has the operator already, and a library defines it once per process."""
     env = {**os.environ, "SPECVIEW_CACHE_DIR": str(tmp_path)}
-    name = subprocess.run([sys.executable, "-c", "from specview import thinmm; print(thin_kernels._name())"], env=env,
+    name = subprocess.run([sys.executable, "-c", "from specview.cpu.matmul import thin_kernels; print(thin_kernels._name())"], env=env,
                           capture_output=True, text=True, check=True).stdout.strip()
     library = tmp_path / "thinmm" / f"{name}.so"
     library.parent.mkdir()
     library.write_bytes(b"\x7fELF cut short")
-    check = "from specview import thinmm; print(thin_kernels.unavailable_reason())"
+    check = "from specview.cpu.matmul import thin_kernels; print(thin_kernels.unavailable_reason())"
     done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr[-2000:]
     assert library.stat().st_size > 10_000  # built again, in place
