@@ -139,8 +139,11 @@ def tree_arguments(model, positions: torch.Tensor, allowed: torch.Tensor) -> dic
 
 
 def accept_test(r: torch.Tensor, px: torch.Tensor, qx: torch.Tensor) -> torch.Tensor:
-    """r <= p(x)/q(x), multiplied out (q(x) > 0: x was drawn from q): accept with probability min(1, p/q)."""
-    return r * qx <= px
+    """r < p(x)/q(x), multiplied out (q(x) > 0: x was drawn from q), with r uniform on [0, 1): accept with
+    probability min(1, p/q). Strict, so that p(x) = 0 never keeps x, not even at r = 0 (torch.rand returns an
+    exact 0 once in ~2^24 draws): a token outside the target's top-k / top-p, or where a sibling's running
+    residual is 0, is always rejected (tests/engine/test_accept_rule.py forces r = 0 on every walk)."""
+    return r * qx < px
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
