@@ -8,24 +8,10 @@ import math
 
 import pytest
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from laws import reference_probs as transformers_probs
 
 from specview.core.settings import SamplingConfig
 from specview.engine.sampling import probs_from_logits
-
-
-def transformers_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """softmax after transformers' warpers, in generate's order: temperature, top-k, top-p."""
-    scores = logits.double()
-    warpers = [TemperatureLogitsWarper(cfg.temperature)]
-    if cfg.top_k:
-        warpers.append(TopKLogitsWarper(cfg.top_k))
-    if cfg.top_p < 1.0:
-        warpers.append(TopPLogitsWarper(cfg.top_p))
-    for warp in warpers:
-        scores = warp(None, scores)
-    return torch.softmax(scores, dim=-1)
-
 
 CONFIGS = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7), SamplingConfig(temperature=1.6),
            SamplingConfig(temperature=1.0, top_k=3), SamplingConfig(temperature=0.5, top_k=5),
