@@ -240,17 +240,23 @@ def law_holds(counts, exact) -> bool:
 
 
 LAW_CASES = [("tree:b=2,d=2", "temperature 1"), ("tree:b=2,d=2", "temperature 0.7, top-k 3"),
-             ("tree:nodes=4,b=2,d=2", "temperature 1"), ("tree:b=2,d=3,w=1", "temperature 0.7, top-k 3")]
+             ("tree:nodes=4,b=2,d=2", "temperature 1"), ("tree:b=2,d=3,w=1", "temperature 0.7, top-k 3"),
+             ("tree:b=2,d=2", "top-p 0.8"), ("ngram;tree:b=2", "temperature 1")]
+NGRAM_TREE_PROMPT = [4, 2, 5, 4, 2, 6, 4, 2]  # "4 2" was followed by 5 and by 6: a lookup tree of two branches
 
 
 @pytest.mark.parametrize("options,cfg_name", LAW_CASES)
 def test_sampled_trees_keep_the_target_law(fast_pair, options, cfg_name):
     """Static trees draw siblings from q without replacement (each node's law: q without its earlier
-    siblings); dynamic trees take the top-b of q (one-hot laws). Both through the same verify."""
+    siblings); dynamic trees and n-gram lookup's trees give each node a one-hot law. All through the same verify.
+    (One node's sibling decisions are also checked exactly, by enumeration: test_sibling_law.py.)"""
     target, draft = fast_pair
     cfg = CASES[cfg_name]
-    exact = exact_joint(target, cfg, 8, prompt=SMALL[:2])
-    counts, later_siblings = tree_counts(target, tree_drafter(draft, options), cfg, SMALL[:2])
+    ngram = options.startswith("ngram")
+    prompt = NGRAM_TREE_PROMPT if ngram else SMALL[:2]
+    drafter = tree_drafter(None, options.split(";")[1]) if ngram else tree_drafter(draft, options)
+    exact = exact_joint(target, cfg, 8, prompt=prompt)
+    counts, later_siblings = tree_counts(target, drafter, cfg, prompt)
     assert later_siblings > LAW_SAMPLES // 5, "later siblings must be tried often, or the test says nothing of them"
     assert law_holds(counts, exact), f"{options}, {cfg_name}: output is not the target's law"
 
