@@ -25,6 +25,14 @@ def spread_pair(tiny_dir):
     return tiny.save_noisy_pair(tiny_dir, "check", "gpt2", 16, 10, scale=2.0, noise=0.5, noise_seed=3)
 
 
+@pytest.fixture(scope="module")
+def peaked_pair(tiny_dir):
+    """A target whose next-token law is peaked and moves with the context (logits x 6): spread_pair's is so flat
+    that the law after one context is nearly the law after any other, and a bonus drawn from the wrong row (or
+    uniformly) passes unseen there."""
+    return tiny.save_noisy_pair(tiny_dir, "check-peaked", "gpt2", 16, 10, scale=6.0, noise=0.3, noise_seed=3)
+
+
 def check(capsys, pair, *extra, draft=None):
     t, d = pair
     return run_cli(capsys, "check", "--target", t, "--draft", draft or d, "--prompt", "w1 w2 w3", "-N", "16",
@@ -88,21 +96,23 @@ def test_keeping_the_first_rejected_draft_fails_the_greedy_test(capsys, spread_p
     assert "result=fail" in last_line(out) and "a clear margin" in out and "distribution_p=skipped" in last_line(out)
 
 
-def test_a_wrong_bonus_fails_through_the_tokens_past_the_first(capsys, spread_pair, monkeypatch):
+def test_a_wrong_bonus_fails_through_the_tokens_past_the_first(capsys, peaked_pair, monkeypatch):
     """The bonus (after all K drafts accepted) is never the first emitted token: drawn from the draft's last row
-    instead of the target's next one, only the test of the later tokens can see it."""
+    instead of the target's next one, only the test of the later tokens can see it (the first token's p-value
+    stays 0.58; the correct engine passes on this pair, the later tokens' p-value 0.09)."""
     from specview.engine import decoder
 
     real = decoder.Run._walk_on_host
 
     def wrong_bonus(self, p, d, q, parents, qx, r, matches):
         dist, tried, accepted = real(self, p, d, q, parents, qx, r, matches)
-        return (q[-1] if bool(accepted.all()) else dist), tried, accepted
+        wrong = not self.dec.sampling.greedy and bool(accepted.all())  # sampling only: the greedy test stays blind
+        return (q[-1] if wrong else dist), tried, accepted
 
     monkeypatch.setattr(decoder.Run, "_walk_on_host", wrong_bonus)
-    code, out, err = check(capsys, spread_pair)
+    code, out, err = check(capsys, peaked_pair)
     assert code == 1, out + err
-    assert last_line(out).startswith("result=fail") and "ended in a bonus" in out
+    assert last_line(out).startswith("result=fail drafters=1 greedy_same=4/4") and "ended in a bonus" in out
 
 
 def test_a_test_without_power_is_inconclusive_not_a_pass(capsys, spread_pair):
