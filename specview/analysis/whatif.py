@@ -377,7 +377,7 @@ def replay_tree_track(track: Track, shape: TreeShape, k: int, costs: StepCosts |
                       out: Replay) -> None:
     """One run's greedy steps with a w=1 tree (deterministic, so each step's mass is 1). Counted as the engine
     counts a tree step: drafted and accepted along the spine (the accepted path, then the first children below
-    it), so a sibling accepted at depth j + 1 makes j + 1 drafts of which j + 1 accepted."""
+    it), so a sibling accepted at depth j + 1 makes j + 1 drafts of which j + 1 accepted, and a bonus."""
     n_tokens = track.n
     cap = max_new_tokens if max_new_tokens else n_tokens
     out.tokens += n_tokens
@@ -392,7 +392,8 @@ def replay_tree_track(track: Track, shape: TreeShape, k: int, costs: StepCosts |
         out.drafted += drafted
         out.nodes += len(nodes)
         out.accepted += accepted
-        out.rejections += sibling or accepted < drafted  # a sibling accepted: its chain node was rejected
+        # A sibling accepted is a leaf (w=1): the step ends with the bonus, not a rejection, as the engine labels it
+        out.rejections += accepted < drafted
         for lst in (out.per_position_drafted, out.per_position_reached, out.per_position_accepted):
             _grow(lst, drafted)
         for i in range(drafted):

@@ -191,13 +191,17 @@ def build_check_parser() -> Parser:
     p = Parser(prog="specview check",
                description="Is this pair's output the target's? Greedy speculative decoding against autoregressive "
                            "decoding over a few prompts, and a chi-square test of the first speculative token against "
-                           "the target's exact distribution at your temperature / top-k / top-p. Exit 0 when both "
-                           "pass, 1 when either fails; the last line sums it up for scripts.",
+                           "the target's exact distribution at your temperature / top-k / top-p (and of the tokens each "
+                           "step emits after its first, the bonus among them, against the target's law after the "
+                           "tokens before them). Exit 0 (result=pass) when both pass, 1 (result=fail) when either "
+                           "fails, 3 (result=inconclusive) when nothing failed but the distribution test could not "
+                           "tell: no power (a near one-token law) or the drafter proposed nothing (the target "
+                           "alone); the last line sums it up for scripts.",
                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     add_run_options(p)
     g = p.add_argument_group("check")
     g.add_argument("--samples", "-M", default=1000, type=number_type(int, "--samples", lambda v: v >= 20, ">= 20"),
-                   help="speculative samples of the first token for the distribution test (default 1000)")
+                   help="speculative steps from the first prompt for the distribution test (default 1000)")
     g.add_argument("--prompts", default="quick", metavar="SET",
                    help="prompts for the greedy check: quick (--prompt and three more), or any of eval's sets: "
                         "builtin (eval's 48), a Spec-Bench question.jsonl, JSONL with \"prompt\", or a text file, one "

@@ -7,6 +7,13 @@ from __future__ import annotations
 import torch
 
 
+def ends_in_rejection(tried: list[bool], path: list[int]) -> bool:
+    """Whether the walk ended at a rejection. The nodes are visited in order and the last accepted node is the
+    walk's pointer from its index on, so a node tried after it (a larger index) is one of its children, rejected."""
+    last = path[-1] if path else -1
+    return any(tried[last + 1:])
+
+
 class Decision:
     """The step's decision, moved to the host in ONE transfer: the parts are packed into one tensor
     and split again by the sizes the parts themselves declare (r has one entry per node, or none when
@@ -20,9 +27,16 @@ class Decision:
         self.path = [j for j, ok in enumerate(values["accepted"]) if ok]  # the accepted nodes, root first
         self.drafted = [int(x) for x in values["drafted"]]
         self.p, self.q, self.r = values["p"], values["q"], values["r"]
-        rejected = any(tried and not ok for tried, ok in zip(self.tried, values["accepted"]))
         # at a rejection only (the host walk computes it then alone; the device walk always)
-        self.residual_top = [[int(i), pr] for i, pr in zip(values["top_ids"], values["top_probs"])] if rejected else None
+        self.residual_top = ([[int(i), pr] for i, pr in zip(values["top_ids"], values["top_probs"])]
+                             if ends_in_rejection(self.tried, self.path) else None)
+
+    @property
+    def rejected(self) -> bool:
+        """The extra token was drawn from a residual (a child of the last accepted node was tried and rejected),
+        not the bonus (that node had no child): a tree's earlier sibling rejected before a later one was accepted
+        down to a leaf ends in a bonus."""
+        return ends_in_rejection(self.tried, self.path)
 
     @property
     def accepted(self) -> int:

@@ -25,7 +25,7 @@ from specview.core.policies import make_policy, parse_policy
 from specview.core.settings import SamplingConfig
 from specview.cpu import fast_path
 from specview.engine import token_tree
-from specview.engine.decision import Decision
+from specview.engine.decision import Decision, ends_in_rejection
 from specview.engine.drafter import ModelDrafter, Proposal, context_holders
 from specview.engine.kv_cache import crop_cache, keep_rows, moved_to, new_cache
 from specview.engine.memory import memory_mb
@@ -142,8 +142,11 @@ def tree_arguments(model, positions: torch.Tensor, allowed: torch.Tensor) -> dic
 
 
 def accept_test(r: torch.Tensor, px: torch.Tensor, qx: torch.Tensor) -> torch.Tensor:
-    """r <= p(x)/q(x), multiplied out (q(x) > 0: x was drawn from q): accept with probability min(1, p/q)."""
-    return r * qx <= px
+    """r < p(x)/q(x), multiplied out (q(x) > 0: x was drawn from q), with r uniform on [0, 1): accept with
+    probability min(1, p/q). Strict, so that p(x) = 0 never keeps x, not even at r = 0 (torch.rand returns an
+    exact 0 once in ~2^24 draws): a token outside the target's top-k / top-p, or where a sibling's running
+    residual is 0, is always rejected (tests/engine/test_accept_rule.py forces r = 0 on every walk)."""
+    return r * qx < px
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -357,9 +360,9 @@ class Run:
             host = dec.device.type == "cpu"
         walk = self._walk_on_host if host else self._walk_on_device
         dist, tried, accepted = walk(p, d, q, parents, qx, r, matches)
-        # The residual's top entries are reported at a rejection only; on the host the walk knows whether one
-        # happened (a top-k of the whole vocabulary is not free on the CPU, cold after the forward)
-        top = not host or bool((tried & ~accepted).any())
+        # The residual's top entries are reported when the walk ended at a rejection only; on the host the walk knows
+        # whether it did (a top-k of the whole vocabulary is not free on the CPU, cold after the forward)
+        top = not host or ends_in_rejection(tried.tolist(), accepted.nonzero().view(-1).tolist())
         return self._decision(dist, tried, accepted, d, px, qx, r, top=top)
 
     def _walk_on_device(self, p, d, q, parents, qx, r, matches):
@@ -440,7 +443,10 @@ class Run:
         drafted = [decision.drafted[j] for j in line]
         p, q = [decision.p[j] for j in line], [decision.q[j] for j in line]
         r = [decision.r[j] for j in line] if decision.r else decision.r
-        rejected = any(decision.tried[j] and j not in path for j in range(len(decision.drafted)))
+        # The extra token is a resample when a child of the last accepted node was rejected (it is then the spine's
+        # node n: rejected_at indexes `drafted`); a tree's sibling rejected before a later one was accepted down to a
+        # leaf leaves a bonus.
+        rejected = decision.rejected
         emitted = drafted[:n] + [extra]
         eos = next((i for i, tok in enumerate(emitted) if tok in self.dec.eos_ids), None)
         if eos is not None:

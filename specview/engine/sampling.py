@@ -29,12 +29,15 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if cfg.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        sorted_probs = torch.sort(probs, dim=-1, descending=True).values
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         # Keep the smallest prefix whose mass reaches top_p (the first token always stays: its mass before is
-        # 0, and a top_p below TINY would be 0 in float32, so 0 >= 0 would drop it and leave a NaN row).
-        sorted_probs = sorted_probs.masked_fill(mass_before >= max(cfg.top_p, TINY), 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        # 0, and a top_p below TINY would be 0 in float32, so 0 >= 0 would drop it and leave a NaN row), and every
+        # token tied with the last one kept: which of equal probabilities the sort puts first is not defined, so a
+        # cut between them would keep one by accident of order (top-k keeps its ties the same way).
+        kept = sorted_probs.masked_fill(mass_before >= max(cfg.top_p, TINY), float("inf"))
+        smallest_kept = kept.amin(dim=-1, keepdim=True)
+        probs = probs.masked_fill(probs < smallest_kept, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
 

@@ -13,7 +13,7 @@ PHASE_HELP = {
     "draft": "the draft model's forwards, one per drafted token (K per step), logits of the last position",
     "verify": "the target's one forward per step over the fed token(s) + the K drafts (K+1 logits rows)",
     "sample": "logits -> probabilities (temperature, top-k, top-p) for q and p, drawing each draft token, "
-              "the accept test r <= p/q, the residual max(0, p - q) and the resampled or bonus token; "
+              "the accept test r < p/q, the residual max(0, p - q) and the resampled or bonus token; "
               "includes the one device->host transfer of the step's decisions",
     "cache": "cropping both KV caches back to the accepted length after a rejection",
     "other": "the step's wall time minus the four measured phases: bookkeeping, stop checks, "

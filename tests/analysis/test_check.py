@@ -8,8 +8,14 @@ import torch
 
 import tiny
 from helpers import run_cli
-from specview.analysis.check import Divergence, DrafterResult, chi_square, chi_square_tail
-from specview.analysis.check_report import passed, summary_line
+from specview.analysis.check import (
+    Divergence,
+    DrafterResult,
+    chi_square,
+    chi_square_conditional,
+    chi_square_tail,
+)
+from specview.analysis.check_report import EXIT, passed, summary_line, verdict
 
 
 @pytest.fixture(scope="module")
@@ -17,6 +23,14 @@ def spread_pair(tiny_dir):
     """A target whose next-token law is spread out (logits x 2) and a draft made from it plus noise: the two
     differ enough that drafting with q instead of p would show in 2000 draws."""
     return tiny.save_noisy_pair(tiny_dir, "check", "gpt2", 16, 10, scale=2.0, noise=0.5, noise_seed=3)
+
+
+@pytest.fixture(scope="module")
+def peaked_pair(tiny_dir):
+    """A target whose next-token law is peaked and moves with the context (logits x 6): spread_pair's is so flat
+    that the law after one context is nearly the law after any other, and a bonus drawn from the wrong row (or
+    uniformly) passes unseen there."""
+    return tiny.save_noisy_pair(tiny_dir, "check-peaked", "gpt2", 16, 10, scale=6.0, noise=0.3, noise_seed=3)
 
 
 def check(capsys, pair, *extra, draft=None):
@@ -62,7 +76,7 @@ def test_always_accepting_fails_the_distribution_test(capsys, spread_pair, monke
     monkeypatch.setattr(specview.engine.decoder, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
     code, out, err = check(capsys, spread_pair)
     assert code == 1
-    assert last_line(out).startswith("result=fail") and "does NOT follow the target's distribution" in out
+    assert last_line(out).startswith("result=fail") and "do NOT follow the target's distribution" in out
 
 
 def test_keeping_the_first_rejected_draft_fails_the_greedy_test(capsys, spread_pair, monkeypatch):
@@ -80,6 +94,67 @@ def test_keeping_the_first_rejected_draft_fails_the_greedy_test(capsys, spread_p
     code, out, err = check(capsys, spread_pair, "--temperature", "0")
     assert code == 1, out + err
     assert "result=fail" in last_line(out) and "a clear margin" in out and "distribution_p=skipped" in last_line(out)
+
+
+def test_a_wrong_bonus_fails_through_the_tokens_past_the_first(capsys, peaked_pair, monkeypatch):
+    """The bonus (after all K drafts accepted) is never the first emitted token: drawn from the draft's last row
+    instead of the target's next one, only the test of the later tokens can see it (the first token's p-value
+    stays 0.58; the correct engine passes on this pair, the later tokens' p-value 0.09)."""
+    from specview.engine import decoder
+
+    real = decoder.Run._walk_on_host
+
+    def wrong_bonus(self, p, d, q, parents, qx, r, matches):
+        dist, tried, accepted = real(self, p, d, q, parents, qx, r, matches)
+        wrong = not self.dec.sampling.greedy and bool(accepted.all())  # sampling only: the greedy test stays blind
+        return (q[-1] if wrong else dist), tried, accepted
+
+    monkeypatch.setattr(decoder.Run, "_walk_on_host", wrong_bonus)
+    code, out, err = check(capsys, peaked_pair)
+    assert code == 1, out + err
+    assert last_line(out).startswith("result=fail drafters=1 greedy_same=4/4") and "ended in a bonus" in out
+
+
+def test_a_test_without_power_is_inconclusive_not_a_pass(capsys, spread_pair):
+    """At a temperature where the target's law is one token the chi-square has one bin: nothing to compare."""
+    code, out, err = check(capsys, spread_pair, "--temperature", "0.01")
+    assert code == EXIT["inconclusive"] == 3, out + err
+    assert last_line(out).startswith("result=inconclusive") and "no power" in out
+
+
+def test_a_drafter_that_proposed_nothing_is_inconclusive(capsys, spread_pair):
+    """n-gram lookup of 4 tokens finds no match after the prompt, nor after the prompt + its first half: the draws
+    are the target's own sampling, which says nothing of speculative decoding."""
+    code, out, err = check(capsys, spread_pair, draft="ngram:max=4,min=4")
+    assert code == 3, out + err
+    assert last_line(out).startswith("result=inconclusive") and "proposed nothing" in out
+
+
+def test_the_verdict_orders_fail_inconclusive_pass():
+    ok = DrafterResult("d", 1, 1, [], p_value=0.5, tested=True, drafted=10)
+    nothing_drafted = DrafterResult("d", 1, 1, [], p_value=0.5, tested=True, drafted=0)
+    no_power = DrafterResult("d", 1, 1, [], p_value=None, tested=True, drafted=10)
+    failed = DrafterResult("d", 1, 1, [], p_value=1e-6, tested=True, drafted=10)
+    assert verdict([ok], 0.001, False) == "pass"
+    assert verdict([ok, nothing_drafted], 0.001, False) == verdict([no_power], 0.001, False) == "inconclusive"
+    assert verdict([no_power, failed], 0.001, False) == "fail"
+    assert verdict([DrafterResult("d", 1, 1, [])], 0.001, True) == "pass"  # greedy: no distribution test to run
+    assert "result=inconclusive" in summary_line([no_power], 0.001, False)
+
+
+def test_the_conditional_chi_square_bins_ranks_of_each_tokens_own_law():
+    """Two laws whose likeliest tokens differ: tokens drawn each from its own law, in its own proportions, fit
+    exactly (statistic 0); the same tokens judged against the other law do not."""
+    a = torch.tensor([0.6, 0.3, 0.1, 0.0], dtype=torch.float64)
+    b = torch.tensor([0.1, 0.0, 0.3, 0.6], dtype=torch.float64)
+    observations = [(a, [0] * 60 + [1] * 30 + [2] * 10), (b, [3] * 60 + [2] * 30 + [0] * 10)]
+    stat, pv, bins, note = chi_square_conditional(observations)
+    assert stat == pytest.approx(0.0, abs=1e-9) and pv == pytest.approx(1.0) and bins == 3 and note == ""
+    stat, pv, bins, note = chi_square_conditional([(a, [3] * 60 + [2] * 30 + [0] * 10), (b, [0] * 100)])
+    assert pv == 0.0 and "probability 0" in note  # token 3 is impossible under a
+    swapped = [(a, [0] * 10 + [1] * 30 + [2] * 60), (b, [0] * 60 + [2] * 30 + [3] * 10)]
+    assert chi_square_conditional(swapped)[1] < 1e-6
+    assert chi_square_conditional([])[1] is None
 
 
 def test_greedy_skips_the_distribution_test(capsys, spread_pair):

@@ -209,7 +209,8 @@ def _actual(pair, drafter_spec, k, policy, prompt_ids):
     for s in steps:
         if s.drafted:
             hist[s.accepted] += 1
-    return [t for s in steps for t in s.emitted], len(steps), hist
+    cuts = sum(s.stopped_by == "p-min" for s in steps)
+    return [t for s in steps for t in s.emitted], len(steps), hist, cuts
 
 
 def test_greedy_replay_predicts_every_actual_run(recorded, agreeing_pair):
@@ -224,10 +225,13 @@ def test_greedy_replay_predicts_every_actual_run(recorded, agreeing_pair):
     pair = load_pair(*agreeing_pair, torch.device("cpu"))
     seen_rejection = False
     for spec, kind in ((agreeing_pair[1], "model"), ("ngram", "ngram")):
-        for k, policy in ((1, "fixed"), (2, "fixed"), (3, "fixed"), (5, "fixed"), (4, "heuristic"), (4, "p-min=0.5")):
+        # p-min 0.15 both drafts and cuts on this pair (0.5 drafted nothing in 40 steps: it checked nothing)
+        for k, policy in ((1, "fixed"), (2, "fixed"), (3, "fixed"), (5, "fixed"), (4, "heuristic"), (4, "p-min=0.15")):
             if kind == "ngram" and policy.startswith("p-min"):
                 continue
-            tokens, steps, hist = _actual(pair, kind, k, policy, run["prompt_ids"])
+            tokens, steps, hist, cuts = _actual(pair, kind, k, policy, run["prompt_ids"])
+            if policy.startswith("p-min"):
+                assert sum(hist) > 5 and cuts > 5 and 0 < hist[0], (hist, cuts)  # drafted, cut, and rejected
             assert tokens == run["tokens"]
             got = replay(dists, spec, k, policy)
             assert (got.steps, got.tokens) == (steps, 40), (spec, k, policy)

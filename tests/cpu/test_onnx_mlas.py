@@ -2,6 +2,7 @@
 same greedy tokens, chosen only where the probe measures it faster, and never required."""
 
 import gc
+import importlib.util
 import sys
 
 import pytest
@@ -12,7 +13,17 @@ from test_compiled import check_fast_forwards_on, check_greedy_speculative_on, n
 from specview.cpu import fast_path
 from specview.cpu.matmul import onnx_mlas, packed_linear
 
-needs_mlas = pytest.mark.skipif(not onnx_mlas.available(), reason=f"no MLAS here: {onnx_mlas.unavailable_reason()}")
+# Skipped only where onnxruntime cannot be loaded (missing_reason): a product that disagrees fails these tests.
+needs_mlas = pytest.mark.skipif(onnx_mlas.missing_reason() is not None, reason=f"no MLAS here: {onnx_mlas.missing_reason()}")
+
+
+def test_it_runs_wherever_onnxruntime_is_installed():
+    """A build of onnxruntime that is installed but whose product disagrees (or fails) would lose MLAS from every
+    probe without a failing test: where onnx and onnxruntime import, its trial must pass."""
+    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
+        pytest.skip("onnxruntime or onnx is not installed")
+    assert onnx_mlas.missing_reason() is None, onnx_mlas.missing_reason()
+    assert onnx_mlas.unavailable_reason() is None, onnx_mlas.unavailable_reason()
 
 
 @needs_mlas
@@ -86,13 +97,15 @@ def test_without_onnxruntime_nothing_asks_for_it(monkeypatch):
     """onnxruntime is a dependency, but a build without it (or a broken one) must only lose the kernel."""
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails
     onnx_mlas.unavailable_reason.cache_clear()
+    onnx_mlas.missing_reason.cache_clear()
     try:
-        assert "onnxruntime" in onnx_mlas.unavailable_reason()
+        assert "onnxruntime" in onnx_mlas.unavailable_reason() and "onnxruntime" in onnx_mlas.missing_reason()
         assert "mlas" not in packed_linear.candidates(torch.float32)
         monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
         assert packed_linear.kernel_for(torch.float32, (16, 32)) == "stock"
     finally:
         onnx_mlas.unavailable_reason.cache_clear()
+        onnx_mlas.missing_reason.cache_clear()
 
 
 @needs_mlas
@@ -117,7 +130,7 @@ def test_the_probe_is_kept_per_onnxruntime_version(tmp_path, monkeypatch):
     packed_linear.probe_seconds.cache_clear()
     try:
         packed_linear.chosen(torch.float32, (16, 32))
-        (key,) = json.loads((tmp_path / "packed_linear.json").read_text())
+        (key,) = json.loads((tmp_path / packed_linear.CHOICE_FILE).read_text())
         assert f"mlas {onnx_mlas.version()}" in key.rsplit("/", 1)[1].split("+")  # the kernels' labels, last
     finally:
         packed_linear.probe_seconds.cache_clear()
@@ -171,5 +184,5 @@ def test_the_one_row_kernel_weighs_the_packed_copy_where_there_is_one(small_llam
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")  # no packed copy: not a candidate, another key
     runner = llama.FastForward(target.model, compiled=True)
     assert fast_path.one_row_kernel(target.model, runner) == "reduce" and probed[1:] == [("reduce", "mm")]
-    keys = [key for key in json.loads((tmp_path / "fast_path.json").read_text()) if "/one_row_forward/" in key]
+    keys = [key for key in json.loads((tmp_path / fast_path.CHOICE_FILE).read_text()) if "/one_row_forward/" in key]
     assert len(keys) == 2 and any(f"reduce+mm+packed/mlas {onnx_mlas.version()}/streams " in key for key in keys)

@@ -84,13 +84,13 @@ def test_step_records_are_consistent(loaded_pair):
             assert top == sorted(top, reverse=True) and 0 < sum(top) <= 1 + 1e-6
             # the rejected token can never be resampled: the residual puts no mass on it
             assert s.resampled != s.drafted[s.rejected_at]
-            # r > p/q at the rejection, r <= p/q before it
-            assert s.r[s.rejected_at] * s.q[s.rejected_at] > s.p[s.rejected_at]
+            # r >= p/q at the rejection, r < p/q before it (the strict rule: p = 0 never keeps x)
+            assert s.r[s.rejected_at] * s.q[s.rejected_at] >= s.p[s.rejected_at]
         else:  # the residual's top is computed at a rejection only
             assert s.residual_top is None
         if s.rejected_at is None and s.stop_reason is None:
             assert s.bonus == s.emitted[-1] and s.accepted == len(s.drafted)
-        assert all(s.r[i] * s.q[i] <= s.p[i] for i in range(s.accepted))
+        assert all(s.r[i] * s.q[i] < s.p[i] for i in range(s.accepted))
         assert set(s.phases_ms) >= {"draft", "verify", "sample", "cache", "other", "softmax", "layernorm"}
         assert s.phases_ms["other"] >= 0
         assert len(s.tokens) == len(s.emitted)

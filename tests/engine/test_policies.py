@@ -2,6 +2,8 @@
 target's exact law (the enumeration test of test_lossless.py, with its power test) and greedy output equals
 autoregressive output; and each does decide: p-min cuts, heuristic and goodput move the budget."""
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -10,18 +12,39 @@ from laws import CASES, N_TOKENS, SAMPLES, exact_joint, tv, tv_threshold
 import specview.engine.decoder as engine
 from specview.core.errors import SpecviewError
 from specview.core.events import StepResult
+from specview.core.metrics import CostCurve
 from specview.core.policies import Goodput, GoodputFigures, Heuristic, make_policy, parse_policy
 from specview.core.settings import SamplingConfig
 from specview.engine.decoder import Decoder
+from specview.engine.phase_timer import PhaseTimer
 
 PROMPT = [1, 5]
+
+
+class NoOverheadTimer(PhaseTimer):
+    """A step's sample / cache / other phases read 0: with a cost curve (FIXED_COSTS) goodput then prices every
+    budget on the curve alone, whatever this host's speed or load (its choices, and so the runs, are the same
+    everywhere)."""
+
+    def end_step(self):
+        phases, wall = super().end_step()
+        return {**phases, "sample": 0.0, "cache": 0.0, "other": 0.0}, wall
+
+
+def fixed_costs(draft) -> CostCurve:
+    """A machine where a drafted token costs 1 ms and a verify 10 ms + 0.5 ms a row: drafting pays at this pair's
+    acceptance, so goodput drafts most steps (at 2 tokens of K 2, mostly) and its law test sees the drafts."""
+    return CostCurve(rows=(1, 2, 3), ms=(10.5, 11.0, 11.5), intercept_ms=10.0, slope_ms=0.5, draft_ms={draft.spec: 1.0})
 
 
 def policy_counts(target, draft, cfg, policy, k=2, vocab=8, samples=SAMPLES):
     """Counts of the first three tokens over `samples` runs, and every step's (drafted, stopped_by,
     rejected). The cut-offs below both cut and draft: this draft's top probability after the prompt is about
-    0.2 at temperature 1 and about 0.5 at 0.7 with top-k 3."""
-    decoder = Decoder(target, draft, cfg, k=k, seed=7, ignore_eos=True, policy=policy)
+    0.2 at temperature 1 and about 0.5 at 0.7 with top-k 3. goodput runs on FIXED costs (not this host's timings)."""
+    fixed = policy == "goodput"
+    decoder = Decoder(target, draft, cfg, k=k, seed=7, ignore_eos=True, policy=policy,
+                      cost_curve=fixed_costs(draft) if fixed else None,
+                      timer=NoOverheadTimer(torch.device("cpu")) if fixed else None)
     counts, steps = np.zeros(vocab**N_TOKENS), []
     for _ in range(samples):
         run = decoder.start(PROMPT, N_TOKENS)
@@ -46,10 +69,8 @@ def test_every_policy_keeps_the_target_law(small_vocab_pair, policy, cfg_name):
     drafted = {n for n, _, _ in steps}
     if policy.startswith("p-min"):
         assert any(why == "p-min" for _, why, _ in steps) and max(drafted) > 0, "p-min must both cut and draft"
-    else:
-        # (goodput learns across the decoder's runs that drafting is often not worth it on this pair: it
-        # still drafts thousands of tokens, with rejections, so the law is tested under its choices)
-        assert len(drafted - {0}) >= 1 and sum(n for n, _, _ in steps) > SAMPLES // 2
+    else:  # both draft most steps (goodput on its fixed costs): the law is tested under their choices
+        assert len(drafted - {0}) >= 1 and sum(n for n, _, _ in steps) > SAMPLES
     assert tv(counts, exact) < tv_threshold(exact), f"{policy}, {cfg_name}: output is not the target's law"
 
 
@@ -60,6 +81,39 @@ def test_the_policy_law_test_has_power(small_vocab_pair, monkeypatch):
     exact = exact_joint(target, cfg, 8)
     counts, _ = policy_counts(target, draft, cfg, "p-min=0.2")
     assert tv(counts, exact) > tv_threshold(exact)
+
+
+@pytest.mark.parametrize("policy", ["heuristic", "goodput"])
+def test_a_broken_residual_is_caught_under_each_policy(small_vocab_pair, policy, monkeypatch):
+    """The subtler bias (resampling from p, not max(0, p - q), after a rejection) under the policies that move the
+    budget: each drafts enough for the same law test to see it (goodput on FIXED costs: on a host's own timings
+    it drafted too little, and passed with the residual broken)."""
+    target, draft = small_vocab_pair
+    cfg = CASES["temperature 1"]
+    monkeypatch.setattr(engine, "residual_distribution", lambda p, q: p)
+    exact = exact_joint(target, cfg, 8)
+    counts, steps = policy_counts(target, draft, cfg, policy)
+    assert sum(n for n, _, _ in steps) > SAMPLES
+    assert tv(counts, exact) > tv_threshold(exact)
+
+
+class SlowHost(NoOverheadTimer):
+    """This host's forwards measured a hundred times slower."""
+
+    def end_step(self):
+        phases, wall = super().end_step()
+        return {**phases, "draft": 100 * phases.get("draft", 0.0), "verify": 100 * phases.get("verify", 0.0)}, wall
+
+
+def test_goodput_on_fixed_costs_chooses_the_same_budgets_on_any_host(small_vocab_pair, monkeypatch):
+    """Its choices depend on the curve and the acceptance alone: a host whose forwards are measured 100x slower
+    drafts the same budgets, step for step (so the law test above is the same test on every machine)."""
+    target, draft = small_vocab_pair
+    cfg = CASES["temperature 1"]
+    here = policy_counts(target, draft, cfg, "goodput", samples=150)[1]
+    monkeypatch.setattr(sys.modules[__name__], "NoOverheadTimer", SlowHost)
+    slow = policy_counts(target, draft, cfg, "goodput", samples=150)[1]
+    assert [n for n, _, _ in here] == [n for n, _, _ in slow] and sum(n for n, _, _ in here) > 150
 
 
 @pytest.mark.parametrize("policy", ["p-min=0.9", "heuristic", "goodput"])

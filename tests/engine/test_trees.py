@@ -11,6 +11,8 @@ from laws import CASES, N_TOKENS, exact_joint, tv, tv_threshold
 
 import specview.engine.decoder as engine
 from specview.core.errors import SpecviewError
+from specview.core.metrics import Counts
+from specview.core.policies import GoodputFigures
 from specview.core.settings import SamplingConfig
 from specview.core.tree_shape import split_tree
 from specview.cpu import fast_path
@@ -34,6 +36,43 @@ def tree_drafter(draft, options: str):
     spec = f"{draft.spec if hasattr(draft, 'spec') else 'ngram'};{options}"
     base = NgramDrafter("ngram:max=2,min=1") if draft is None else ModelDrafter(draft)
     return TreeDrafter(base, split_tree(spec)[1], spec)
+
+
+def assert_step_labels(step) -> None:
+    """A tree step's labels: `rejected_at` indexes `drafted` (the spine: the accepted path, then the first child of
+    each node below it) or is null; the extra token is `resampled` exactly when a child of the last accepted node
+    was tried and rejected, else it is the `bonus` (a sibling rejected before a later one was accepted down to a
+    leaf leaves a bonus). What Counts, alpha and the policies read of the step stays within `drafted`."""
+    n, rejected = len(step.drafted), step.rejected_at is not None
+    assert step.rejected_at is None or 0 <= step.rejected_at < n, (step.rejected_at, step.drafted)
+    assert step.accepted + rejected <= n and step.emitted[: step.accepted] == step.drafted[: step.accepted]
+    if rejected:
+        assert step.rejected_at == step.accepted and step.bonus is None and step.residual_top
+        assert step.resampled == step.emitted[-1]
+    else:
+        assert step.resampled is None and step.residual_top is None
+        assert step.bonus == step.emitted[-1] or step.stop_reason == "eos"
+    if step.tree is not None:
+        parents, path = step.tree["parents"], step.tree["path"]
+        last = path[-1] if path else -1
+        assert rejected == any(parents[j] == last for j in step.tree["rejected"]), step.tree
+        assert step.drafted == [step.tree["tokens"][j] for j in token_tree.spine(parents, path)]
+    figures = GoodputFigures()
+    figures.observe(step)
+    assert len(figures.tried) <= n and sum(figures.passed) == step.accepted  # examined = rejected_at + 1 <= n
+
+
+def assert_counts_agree(steps) -> None:
+    """Counts (alpha, acceptance, per position) over the steps read the same labels."""
+    counts = Counts()
+    for step in steps:
+        counts.add(step)
+    assert counts.rejections == sum(s.rejected_at is not None for s in steps)
+    assert counts.accepted + counts.rejections <= counts.drafted
+    assert all(a <= r <= d for a, r, d in zip(counts.per_position_accepted, counts.per_position_reached,
+                                               counts.per_position_drafted))
+    if counts.accepted + counts.rejections:
+        assert 0.0 <= counts.alpha <= 1.0
 
 
 def ancestry(parents: list[int], node: int) -> list[int]:
@@ -89,6 +128,9 @@ def test_greedy_tree_equals_greedy_autoregressive(loaded_pair, options):
     drafter = tree_drafter(None, "tree:b=3") if options == "ngram" else tree_drafter(draft, options)
     steps = list(Decoder(target, drafter, greedy, k=4, ignore_eos=True).generate(prompt, 30))
     assert [t for s in steps for t in s.emitted] == want
+    for step in steps:
+        assert_step_labels(step)
+    assert_counts_agree(steps)
     records = [s.to_json()["tree"] for s in steps if s.tree is not None]
     assert records, "some step must draft a tree wider than a chain"
     for record in records:
@@ -177,6 +219,7 @@ def tree_counts(target, drafter, cfg, prompt, samples=LAW_SAMPLES):
         run = decoder.start(prompt, N_TOKENS)
         while not run.done:
             step = run.step()
+            assert_step_labels(step)
             if step.tree:
                 first = {}
                 for j, parent in enumerate(step.tree["parents"]):
@@ -197,17 +240,23 @@ def law_holds(counts, exact) -> bool:
 
 
 LAW_CASES = [("tree:b=2,d=2", "temperature 1"), ("tree:b=2,d=2", "temperature 0.7, top-k 3"),
-             ("tree:nodes=4,b=2,d=2", "temperature 1"), ("tree:b=2,d=3,w=1", "temperature 0.7, top-k 3")]
+             ("tree:nodes=4,b=2,d=2", "temperature 1"), ("tree:b=2,d=3,w=1", "temperature 0.7, top-k 3"),
+             ("tree:b=2,d=2", "top-p 0.8"), ("ngram;tree:b=2", "temperature 1")]
+NGRAM_TREE_PROMPT = [4, 2, 5, 4, 2, 6, 4, 2]  # "4 2" was followed by 5 and by 6: a lookup tree of two branches
 
 
 @pytest.mark.parametrize("options,cfg_name", LAW_CASES)
 def test_sampled_trees_keep_the_target_law(fast_pair, options, cfg_name):
     """Static trees draw siblings from q without replacement (each node's law: q without its earlier
-    siblings); dynamic trees take the top-b of q (one-hot laws). Both through the same verify."""
+    siblings); dynamic trees and n-gram lookup's trees give each node a one-hot law. All through the same verify.
+    (One node's sibling decisions are also checked exactly, by enumeration: test_sibling_law.py.)"""
     target, draft = fast_pair
     cfg = CASES[cfg_name]
-    exact = exact_joint(target, cfg, 8, prompt=SMALL[:2])
-    counts, later_siblings = tree_counts(target, tree_drafter(draft, options), cfg, SMALL[:2])
+    ngram = options.startswith("ngram")
+    prompt = NGRAM_TREE_PROMPT if ngram else SMALL[:2]
+    drafter = tree_drafter(None, options.split(";")[1]) if ngram else tree_drafter(draft, options)
+    exact = exact_joint(target, cfg, 8, prompt=prompt)
+    counts, later_siblings = tree_counts(target, drafter, cfg, prompt)
     assert later_siblings > LAW_SAMPLES // 5, "later siblings must be tried often, or the test says nothing of them"
     assert law_holds(counts, exact), f"{options}, {cfg_name}: output is not the target's law"
 
@@ -221,6 +270,27 @@ def test_siblings_tried_against_the_unmodified_p_are_caught(fast_pair, monkeypat
     exact = exact_joint(target, cfg, 8, prompt=SMALL[:2])
     counts, _ = tree_counts(target, tree_drafter(draft, "tree:nodes=4,b=2,d=2"), cfg, SMALL[:2])
     assert not law_holds(counts, exact)
+
+
+@pytest.mark.parametrize("options", ["tree:b=2,d=1"] + SHAPES + ["ngram"])
+def test_sampled_tree_steps_label_the_bonus_and_the_resample(fast_pair, options):
+    """At temperature 1 a first sibling is often rejected and a later one accepted: when that one is a leaf, the
+    extra token is the bonus from its row (not a resample, not a rejection one past `drafted`)."""
+    target, draft = fast_pair
+    drafter = tree_drafter(None, "tree:b=3") if options == "ngram" else tree_drafter(draft, options)
+    prompt = [4, 2, 5, 4, 2, 6, 4, 2] if options == "ngram" else SMALL
+    decoder = Decoder(target, drafter, CASES["temperature 1"], k=3, seed=5, ignore_eos=True)
+    steps, sibling_then_bonus = [], 0
+    for _ in range(6):
+        for step in decoder.generate(prompt, 40):
+            assert_step_labels(step)
+            steps.append(step)
+            if step.tree and step.rejected_at is None and step.tree["rejected"]:
+                sibling_then_bonus += 1
+    assert_counts_agree(steps)
+    assert sum(s.rejected_at is not None for s in steps) > 2 and sum(s.bonus is not None for s in steps) > 2, "both ends"
+    if options in ("tree:b=2,d=1", "tree:b=3,d=1"):
+        assert sibling_then_bonus > 5, f"{sibling_then_bonus}: a rejected sibling followed by an accepted leaf must occur"
 
 
 def test_tree_specs_parse_and_refuse():

@@ -39,6 +39,26 @@ def speculative_counts(target, draft, cfg, k, vocab, samples=SAMPLES) -> np.ndar
     return counts
 
 
+def reference_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """The law after temperature, top-k and top-p as transformers' own warpers compute it (in `generate`'s order), in
+    float64: a reference that shares no line with the engine's probs_from_logits (tests/engine/test_sampling.py)."""
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    scores = logits.double().reshape(-1, logits.shape[-1])
+    warpers = [TemperatureLogitsWarper(cfg.temperature)]
+    if cfg.top_k:
+        warpers.append(TopKLogitsWarper(cfg.top_k))
+    if cfg.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(cfg.top_p))
+    for warp in warpers:
+        scores = warp(None, scores)
+    return torch.softmax(scores, dim=-1).reshape(logits.shape)
+
+
 def tv(counts: np.ndarray, exact: np.ndarray) -> float:
     return 0.5 * np.abs(counts / counts.sum() - exact).sum()
 

@@ -31,8 +31,10 @@ _numbers = itertools.count(1)
 
 
 @functools.cache
-def unavailable_reason() -> str | None:
-    """None where MLAS can run here, else why not (one phrase)."""
+def missing_reason() -> str | None:
+    """None where onnxruntime (and onnx) can be loaded with a CPU provider here, else why not (one phrase). Nothing is
+    multiplied: the tests skip on this reason alone, so a product that disagrees (unavailable_reason's trial) fails
+    them instead of skipping."""
     try:
         import onnx  # noqa: F401 - the graph of one product is written with onnx's protobuf helpers
         import onnxruntime
@@ -40,6 +42,14 @@ def unavailable_reason() -> str | None:
         return f"onnxruntime is not installed ({err.name})"
     if "CPUExecutionProvider" not in onnxruntime.get_available_providers():
         return "onnxruntime has no CPU execution provider"
+    return None
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    """None where MLAS can run here and its trial product agrees with F.linear, else why not (one phrase)."""
+    if missing_reason() is not None:
+        return missing_reason()
     try:  # a small product against F.linear, once: a broken build or a changed API means F.linear for good
         weight, x = torch.randn(24, 48), torch.randn(3, 48)
         if not torch.allclose(_run(pack(weight), x), x @ weight.T, rtol=1e-4, atol=1e-4):
