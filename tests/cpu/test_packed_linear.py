@@ -140,16 +140,16 @@ def test_the_choice_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch)
         assert packed_linear.chosen(torch.float32, (64, 32)) == "packed"
         assert packed_linear.chosen(torch.bfloat16, (64, 32)) == "stock"
     assert len(probes) == 2  # measured once each, then read back
-    stored = json.loads((tmp_path / "packed_linear.json").read_text())
+    stored = json.loads((tmp_path / "fastlinear.json").read_text())
     assert len(stored) == 2 and all(f"threads={torch.get_num_threads()}" in key for key in stored)
-    (tmp_path / "packed_linear.json").write_text("{damaged")  # measured again, rewritten
+    (tmp_path / "fastlinear.json").write_text("{damaged")  # measured again, rewritten
     packed_linear.probe_seconds.cache_clear()
     assert packed_linear.chosen(torch.float32, (64, 32)) == "packed" and len(probes) == 3
-    json.loads((tmp_path / "packed_linear.json").read_text())
-    stored = json.loads((tmp_path / "packed_linear.json").read_text())
+    json.loads((tmp_path / "fastlinear.json").read_text())
+    stored = json.loads((tmp_path / "fastlinear.json").read_text())
     for entry in stored.values():
         entry["stock_one_s"] = 0.0  # not a time: the rule would divide by it
-    (tmp_path / "packed_linear.json").write_text(json.dumps(stored))
+    (tmp_path / "fastlinear.json").write_text(json.dumps(stored))
     packed_linear.probe_seconds.cache_clear()
     assert packed_linear.chosen(torch.float32, (64, 32)) == "packed" and len(probes) == 4
     packed_linear.probe_seconds.cache_clear()
