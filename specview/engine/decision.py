@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from specview.engine import device as devices
+
 
 class Decision:
     """The step's decision, moved to the host in ONE transfer: the parts are packed into one tensor
@@ -36,7 +38,7 @@ class Decision:
     @classmethod
     def from_device(cls, extra, tried, accepted, d, px, qx, r, top_ids, top_probs) -> Decision:
         parts = dict(zip(cls.FIELDS, (extra.view(1), tried, accepted, d, px, qx, r, top_ids, top_probs)))
-        if extra.device.type == "cpu":  # no transfer to save: each part read as it is (nine packing ops fewer)
+        if devices.on_host(extra.device):  # no transfer to save: each part read as it is (nine packing ops fewer)
             return cls({name: part.reshape(-1).tolist() for name, part in parts.items()})
         sizes = [part.numel() for part in parts.values()]
         flat = torch.cat([t.reshape(-1).to(torch.float64) for t in parts.values()]).tolist()  # the one transfer

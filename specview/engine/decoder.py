@@ -24,6 +24,7 @@ from specview.core.events import RunSummary, StepResult
 from specview.core.policies import make_policy, parse_policy
 from specview.core.settings import SamplingConfig
 from specview.cpu import fast_path
+from specview.engine import device as devices
 from specview.engine import token_tree
 from specview.engine.decision import Decision
 from specview.engine.drafter import ModelDrafter, Proposal, context_holders
@@ -319,7 +320,7 @@ class Run:
         else:
             r, matches = torch.rand(n, generator=dec.generator, device=dec.device), None
         if host is None:  # the host walk on the CPU (tests compare both walks with `host`)
-            host = dec.device.type == "cpu"
+            host = devices.on_host(dec.device)
         walk = self._walk_on_host if host else self._walk_on_device
         dist, tried, accepted = walk(p, d, q, parents, qx, r, matches)
         # The residual's top entries are reported at a rejection only; on the host the walk knows whether one
