@@ -40,8 +40,10 @@ class Decision:
         parts = dict(zip(cls.FIELDS, (extra.view(1), tried, accepted, d, px, qx, r, top_ids, top_probs)))
         if devices.on_host(extra.device):  # no transfer to save: each part read as it is (nine packing ops fewer)
             return cls({name: part.reshape(-1).tolist() for name, part in parts.items()})
+        # float32 (MPS has no float64): p, q, r are float32 already, flags are 0 / 1, and ids are exact below 2^24
+        # (Decoder refuses a larger vocabulary on a device).
         sizes = [part.numel() for part in parts.values()]
-        flat = torch.cat([t.reshape(-1).to(torch.float64) for t in parts.values()]).tolist()  # the one transfer
+        flat = torch.cat([t.reshape(-1).to(torch.float32) for t in parts.values()]).tolist()  # the one transfer
         values, pos = {}, 0
         for name, size in zip(parts, sizes):
             values[name] = flat[pos: pos + size]

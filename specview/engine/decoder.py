@@ -20,6 +20,7 @@ import time
 import torch
 
 from specview.core.detokenize import CONTEXT, piece_in_context
+from specview.core.errors import SpecviewError
 from specview.core.events import RunSummary, StepResult
 from specview.core.policies import make_policy, parse_policy
 from specview.core.settings import SamplingConfig
@@ -82,6 +83,9 @@ class Decoder:
         if lm is not None:
             install_linears(lm.model)
         self.vocab = vocab_limit(self.target, lm)  # logits sliced to what both models and the tokenizer share
+        if not devices.on_host(self.device) and self.vocab >= devices.FLOAT32_EXACT_INTS:
+            raise SpecviewError(f"a vocabulary of {self.vocab} tokens: on {self.device} the step's decision is "
+                                f"packed in float32, exact for ids below 2^24 only; use --device cpu")
         holders = context_holders(self.target, [] if drafter is None else [drafter])
         limits = [m.context_len for m in holders if getattr(m, "context_len", None)]
         self.context_len = min(limits) if limits else None

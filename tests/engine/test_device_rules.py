@@ -2,13 +2,16 @@
 on, no float64 anywhere in a step (MPS has none), and the device->host syncs per step counted against what
 docs/design.md §8 states. No GPU or Mac ran these: they run the device's code path on the CPU."""
 
+import numpy as np
 import pytest
 import torch
 from device_rules import DeviceRules, Float64Error, describe, per_step
+from laws import CASES, exact_joint, speculative_counts, tv, tv_threshold
 
 from specview.core.settings import SamplingConfig
 from specview.drafters.specs import build
 from specview.engine.decoder import Decoder
+from specview.engine.sampling import race, sample
 
 PROMPT = [1, 4, 7, 4, 7, 3, 4, 7]  # repeats: n-gram lookup finds a match
 SAMPLED, GREEDY = SamplingConfig(temperature=1.0), SamplingConfig(temperature=0)
@@ -57,7 +60,6 @@ def _decoder(pair, spec, sampling, k=K):
 
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("sampling", [SAMPLED, GREEDY], ids=["sampled", "greedy"])
-@pytest.mark.xfail(strict=True, reason="issue 43: sampling and the decision use float64")
 def test_a_step_on_a_device_has_no_float64(small_llama_pair, spec, sampling):
     """MPS has no float64: a sampled run died at its first token (sampling's cumsum), a greedy one at its first
     step (the decision packed in float64)."""
@@ -88,3 +90,57 @@ def test_an_autoregressive_step_makes_one_sync(small_vocab_pair):
     with DeviceRules(reject_float64=False) as rules:
         steps = per_step(rules, run, 4)
     assert all(len(syncs) <= CHAIN_SYNCS for syncs in steps), [describe(s) for s in steps]
+
+
+def test_the_device_draw_follows_the_law():
+    """The exponential race (sampling on a device, float32) draws each token with its probability: 200k draws in
+    one call against the TV distance a correct sampler stays under 99.9% of the time; a zero-probability token
+    never comes up."""
+    p = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.04, 0.009, 0.001, 0.0])
+    draws = race(p.expand(200_000, -1), torch.Generator().manual_seed(0))
+    counts = np.bincount(draws.numpy(), minlength=len(p)).astype(float)
+    exact = p.double().numpy()
+    assert counts[-1] == 0
+    assert tv(counts, exact) <= tv_threshold(exact, samples=200_000)
+
+
+def test_the_device_draw_never_picks_a_zero_probability_token_on_a_zero_exponential(monkeypatch):
+    """A generator that gives an exact 0 made p / 0 = NaN for p = 0, and argmax takes a NaN."""
+    monkeypatch.setattr(torch.Tensor, "exponential_", lambda self, generator=None: self.zero_())
+    p = torch.tensor([0.0, 0.7, 0.3])
+    assert int(race(p, None)) != 0
+
+
+def test_sampling_on_a_device_keeps_the_cpu_stream_unchanged():
+    """The CPU's draws (recorded snapshots, the exact-law tests' seeds) are the inverse CDF's, as before."""
+    p = torch.softmax(torch.randn(5, 16, generator=torch.Generator().manual_seed(3)), -1)
+    cdf = torch.cumsum(p, -1, dtype=torch.float64)
+    u = torch.rand(5, 1, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    expected = torch.searchsorted(cdf, u * cdf[..., -1:], right=True).squeeze(-1)
+    assert torch.equal(sample(p, torch.Generator().manual_seed(7)), expected)
+
+
+def test_speculative_decoding_on_a_device_keeps_the_target_law(small_vocab_pair, monkeypatch):
+    """§13's exact-law test through the device's code path (the device walk, the race, the float32 decision; the
+    step's float64-freedom is the test above, so the dispatch rules stay off here: 3000 runs under them are slow)."""
+    from specview.engine import device
+
+    target, draft = small_vocab_pair
+    cfg = CASES["temperature 0.7, top-k 3"]
+    exact = exact_joint(target, cfg, 8)
+    monkeypatch.setattr(device, "on_host", lambda where: False)
+    counts = speculative_counts(target, draft, cfg, k=2, vocab=8, samples=1500)
+    assert tv(counts, exact) <= tv_threshold(exact, samples=1500)
+
+
+def test_a_vocabulary_past_float32_ids_is_refused_on_a_device(small_vocab_pair, monkeypatch):
+    """The decision travels in float32: ids of 2^24 and more would arrive rounded."""
+    from specview.core.errors import SpecviewError
+    from specview.engine import decoder, device
+
+    target, draft = small_vocab_pair
+    monkeypatch.setattr(decoder, "vocab_limit", lambda *models: 2**24)
+    Decoder(target, draft, SAMPLED)  # the CPU reads each part as it is: any vocabulary
+    monkeypatch.setattr(device, "on_host", lambda where: False)
+    with pytest.raises(SpecviewError, match="2\\^24"):
+        Decoder(target, draft, SAMPLED)

@@ -24,7 +24,6 @@ its CPU path).
 from __future__ import annotations
 
 import sys
-import traceback
 from dataclasses import dataclass
 from unittest import mock
 
@@ -53,13 +52,15 @@ class Sync:
 
 def _site() -> tuple[str, bool]:
     """(path:line, is specview's) of the innermost frame outside torch and this file: the code that asked."""
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        name = frame.filename
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
         if "/torch/" in name or name.endswith(("device_rules.py", "mock.py")):
+            frame = frame.f_back
             continue
         if _SPECVIEW in name and "/tests/" not in name:
-            return f"{name.split(_SPECVIEW)[-1]}:{frame.lineno}", True
-        return f"{name.rsplit('/', 2)[-1]}:{frame.lineno}", False
+            return f"{name.split(_SPECVIEW)[-1]}:{frame.f_lineno}", True
+        return f"{name.rsplit('/', 2)[-1]}:{frame.f_lineno}", False
     return "?", False
 
 
