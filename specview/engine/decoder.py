@@ -116,7 +116,7 @@ class Decoder:
         `tree` = (positions, allowed) from token_tree.layout: each row at its own position, seeing only what
         `allowed` [rows, cached + rows] lets it (a token tree's rows see their ancestors, not their cousins)."""
         if not isinstance(ids, torch.Tensor):
-            ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+            ids = devices.upload(ids, self.device)
         runner = fast_path.runner_for(lm.model)  # kernels.prepare installed the compiled forward
         if runner is not None:
             return runner(ids.view(-1), cache, keep or 0, tree)[:, : self.vocab]
@@ -124,8 +124,9 @@ class Decoder:
         with fast_path.packed_products():
             out = lm.model(input_ids=ids.view(1, -1), past_key_values=cache, use_cache=True, logits_to_keep=keep or 0,
                            **extra)
-        # A model spread over devices (--device-map) returns its logits on its last one.
-        return out.logits[0, :, : self.vocab].to(self.device)
+        # A model spread over devices (--device-map) returns its logits on its last one (a copy between devices
+        # that need not wait for the host).
+        return out.logits[0, :, : self.vocab].to(self.device, non_blocking=True)
 
 
 def install_linears(model) -> None:
@@ -263,7 +264,7 @@ class Run:
         with timer.phase("verify"):
             start = self.target_cache.get_seq_length()
             fed = self.tokens[start:]
-            ids = torch.tensor(fed, dtype=torch.long, device=dec.device)
+            ids = devices.upload(fed, dec.device)
             n_drafts = len(proposal) if proposal is not None else 0
             tree = None
             if n_drafts:
@@ -317,7 +318,7 @@ class Run:
         d, q = proposal.tokens, proposal.q
         n = len(d)
         parents = proposal.parents if proposal.parents is not None else list(range(-1, n - 1))
-        above = torch.tensor([parent + 1 for parent in parents], device=dec.device)  # each node's row of p
+        above = devices.upload([parent + 1 for parent in parents], dec.device)  # each node's row of p
         px, qx = p[above, d], q[torch.arange(n, device=dec.device), d]
         if dec.sampling.greedy:
             r, matches = empty, d == p.argmax(dim=-1)[above]
@@ -336,7 +337,7 @@ class Run:
         """The walk without a branch on a device value: every node's test, residual and selects computed, the
         outcome kept by torch.where. -> (the law of the extra token, tried [n], accepted [n])."""
         greedy = self.dec.sampling.greedy
-        current = torch.tensor(-1, device=p.device)  # the last node accepted (-1: the root)
+        current = torch.full((), -1, dtype=torch.long, device=p.device)  # the last node accepted (-1: the root)
         target = residual = p[0]
         tried, accepted = [], []
         for j, parent in enumerate(parents):
@@ -344,7 +345,8 @@ class Run:
             if greedy:
                 ok = here & matches[j]
             else:
-                ok = here & accept_test(r[j], target[d[j]], qx[j])
+                # gather, not target[d[j]]: indexing with a 0-dim device tensor reads it on the host (a sync)
+                ok = here & accept_test(r[j], target.gather(0, d[j: j + 1])[0], qx[j])
                 missed = here & ~ok
                 left = residual_distribution(target, q[j])
                 residual = torch.where(ok, p[j + 1], torch.where(missed, left, residual))

@@ -72,7 +72,6 @@ def test_a_step_on_a_device_has_no_float64(small_llama_pair, spec, sampling):
 
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("sampling", [SAMPLED, GREEDY], ids=["sampled", "greedy"])
-@pytest.mark.xfail(strict=True, reason="issue 43: blocking uploads, 0-dim indexing, a gather per layer")
 def test_syncs_per_step_on_a_device(small_llama_pair, spec, sampling):
     decoder = _decoder(small_llama_pair, spec, sampling)
     run = decoder.start(PROMPT, 12)
@@ -83,7 +82,6 @@ def test_syncs_per_step_on_a_device(small_llama_pair, spec, sampling):
         assert len(syncs) <= syncs_allowed(spec), describe(syncs)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 43: blocking uploads")
 def test_an_autoregressive_step_makes_one_sync(small_vocab_pair):
     target, _ = small_vocab_pair
     run = Decoder(target, None, SAMPLED, k=K, seed=0, ignore_eos=True).start(PROMPT, 8)
