@@ -20,6 +20,7 @@ from specview.drafters.specs import build as build_drafter
 from specview.drafters.specs import kind as drafter_kind
 from specview.drafters.specs import split_specs
 from specview.engine.decoder import Decoder
+from specview.engine.device import name as device_name
 from specview.engine.drafter import context_holders
 from specview.engine.phase_timer import PhaseTimer
 from specview.models.loader import LoadedModel, check_same_vocab, load_model, resolve_device
@@ -58,7 +59,7 @@ class Session:
         """This machine's cost curve for the target (`specview calibrate`), or None."""
         mode = (self.forwards.get(self.settings.target) or {}).get("mode")
         return host.cached_curve(host.cost_key(self.settings.target, torch.get_num_threads(),
-                                                     torch.__version__, mode))
+                                               torch.__version__, mode, str(self.device), device_name(self.device)))
 
     def meta(self) -> dict:
         """Config, seed, versions, device, cpu, threads: what a profile or bench file records."""
@@ -70,6 +71,7 @@ class Session:
             "versions": {"specview": _version(), "torch": torch.__version__, "transformers": transformers.__version__,
                          "python": platform.python_version()},
             "device": str(self.device),
+            "device_name": device_name(self.device),  # the GPU's model (torch.cuda.get_device_name), "mps", None
             "cpu": host.cpu_summary(),  # the model name and the ISA flags that decide the kernels
             "threads": torch.get_num_threads(),
             "target_dtype": str(self.target.dtype).removeprefix("torch."),

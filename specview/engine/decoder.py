@@ -204,6 +204,7 @@ class Run:
         self.policy = make_policy(decoder.policy, decoder.policy_memory, decoder.cost_curve,
                                   getattr(decoder.drafter, "spec", None))
         self._prefilled = False  # the first step() prefills, so start() is instant and interruptible
+        devices.reset_peak(decoder.device)  # memory_mb's device peak is this run's
 
     @property
     def generated(self) -> list[int]:
@@ -232,6 +233,7 @@ class Run:
             self.dec.forward(self.dec.target, self.target_cache, head, keep=1)
             if self.dec.drafter is not None:
                 self.dec.drafter.prefill(self.dec, self._state(self.dec.drafter), head)
+            devices.synchronize(self.dec.device)  # the prefill's work, not its launches (else it lands in step 1)
         self.summary.prefill_ms = (time.perf_counter() - t0) * 1000
         self._prefilled = True
 

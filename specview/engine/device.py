@@ -40,3 +40,20 @@ def name(device: torch.device | str) -> str | None:
     if device.type == "mps":
         return "mps"
     return None
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the device's queued work: before reading a host clock that should time it (a prefill, a calibration
+    forward), not on every step (the step's timer uses events)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def reset_peak(device: torch.device | str) -> None:
+    """Start the device's peak-memory figure again (each run's peak is its own, not loading's or a probe's)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)

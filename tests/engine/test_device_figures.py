@@ -1,0 +1,86 @@
+"""Figures measured on a device (issue 43): what must be synchronised before a host clock is read, what is reset per
+run, what names the device. No GPU here: the device calls are recorded through engine/device.py's seams, and a
+module on the `meta` device stands for a GPU's."""
+
+import pytest
+import torch
+
+import specview.engine.device as devices
+from specview.core import host
+from specview.core.settings import SamplingConfig, Settings
+from specview.cpu.matmul import packed_linear
+from specview.engine.decoder import Decoder
+from specview.session import open_session
+
+PROMPT = [1, 4, 7, 3]
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every device synchronize and peak reset the engine asks for, in order, with the forwards between them."""
+    seen = []
+    monkeypatch.setattr(devices, "synchronize", lambda device: seen.append("sync"))
+    monkeypatch.setattr(devices, "reset_peak", lambda device: seen.append("reset"))
+    return seen
+
+
+def test_the_prefill_is_timed_to_its_end(small_vocab_pair, calls, monkeypatch):
+    """prefill_ms timed the kernels' launch: the prefill's work landed in step 1's `other`."""
+    target, draft = small_vocab_pair
+    decoder = Decoder(target, draft, SamplingConfig(1.0), k=2, seed=0, ignore_eos=True)
+    forward = decoder.forward
+    monkeypatch.setattr(decoder, "forward", lambda *a, **kw: (calls.append("forward"), forward(*a, **kw))[1])
+    run = decoder.start(PROMPT, 6)
+    calls.clear()
+    timer_start = decoder.timer.start_step
+    monkeypatch.setattr(decoder.timer, "start_step", lambda: (calls.append("step"), timer_start())[1])
+    run.step()
+    assert calls[:4] == ["forward", "forward", "sync", "step"]  # target and draft prefilled, then waited for
+
+
+def test_the_device_peak_is_reset_per_run(small_vocab_pair, calls):
+    target, draft = small_vocab_pair
+    decoder = Decoder(target, draft, SamplingConfig(1.0), k=2, seed=0, ignore_eos=True)
+    decoder.start(PROMPT, 4)
+    decoder.start(PROMPT, 4)
+    assert calls == ["reset", "reset"]
+
+
+def test_calibrate_times_each_forward_to_its_end(gpt2_paths, calls):
+    from specview.analysis.calibrate import measure_drafter, measure_target
+
+    session = open_session(Settings(target=gpt2_paths[0], draft=gpt2_paths[1], prompt="w1 w2 w3", device="cpu"))
+    calls.clear()
+    measure_target(session, [1, 2], repeats=1)
+    assert calls.count("sync") == 2 * 2 * 2  # (warm-up + 1 round) x 2 row counts, a sync before and after each
+    calls.clear()
+    measure_drafter(session, session.drafters[0], 2, repeats=1)
+    assert calls.count("sync") == 2 * 2
+
+
+def test_the_cost_key_names_the_device():
+    cpu = host.cost_key("t", 1, "2.6", "eager")
+    assert host.cost_key("t", 1, "2.6", "eager", "cpu", None) == cpu  # curves calibrated on a CPU keep their key
+    gpu = host.cost_key("t", 1, "2.6", "eager", "cuda:0", "NVIDIA A10G")
+    assert gpu != cpu and "cuda:0" in gpu and "A10G" in gpu
+    meta = {"cpu": host.cpu_summary(), "target": "t", "threads": 1, "versions": {"torch": "2.6"},
+            "device": "cuda:0", "device_name": "NVIDIA A10G"}
+    assert host.profile_cost_key(meta) == gpu
+
+
+def test_the_device_is_named(monkeypatch, gpt2_paths):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A10G")
+    assert devices.name("cuda:0") == "NVIDIA A10G" and devices.name("mps") == "mps" and devices.name("cpu") is None
+    session = open_session(Settings(target=gpt2_paths[0], draft=gpt2_paths[1], prompt="w1", device="cpu"))
+    assert session.meta()["device_name"] is None and session.meta()["device"] == "cpu"
+
+
+def test_packed_linears_pass_over_a_device_model_without_probing(monkeypatch):
+    """install() timed the CPU kernels for every Linear before it looked at the module's device."""
+    def probe(*args, **kwargs):
+        raise AssertionError("probed a device model's Linear")
+
+    monkeypatch.setattr(packed_linear, "wanted", probe)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64, device="meta"))
+    packed_linear.install(model)
+    assert "forward" not in model[0].__dict__
