@@ -4,11 +4,12 @@ A step is cut into non-overlapping top-level phases (draft, verify, sample, cach
 is left of the step's wall time, so unexplained time stays visible. Nested phases (softmax inside
 sample, layernorm inside the forwards) are added on top and never counted twice.
 
-On CPU the host clock is the truth. On MPS we synchronise at phase edges. On CUDA each phase is a
-pair of CUDA events, resolved once at the end of the step (one sync per step, not one per phase).
+On CPU the host clock is the truth. On CUDA and MPS each phase is a pair of device events (torch.cuda.Event,
+torch.mps.event.Event), resolved once at the end of the step (one sync per step, not one per phase edge: a sync
+at every edge distorts what it measures and slows the step).
 
 Nested time measured outside `phase()` (the norm hooks of `profiling.hooks`) goes through `nested()`
-(host clock) or `nested_device()` (CUDA events); it is attributed to the top-level phase open at that
+(host clock) or `nested_device()` (device events); it is attributed to the top-level phase open at that
 moment, so layernorm splits into its draft and verify parts without the hook knowing which model it is on.
 """
 
@@ -36,12 +37,20 @@ class StepTiming:
     parts: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> {enclosing phase: ms}
 
 
+def device_event(device: torch.device):
+    """A timing event on `device` (CUDA's or MPS's), or None where the host clock is the truth."""
+    if device.type == "cuda":
+        return torch.cuda.Event(enable_timing=True)
+    if device.type == "mps":
+        return torch.mps.event.Event(enable_timing=True)
+    return None
+
+
 class PhaseTimer:
     def __init__(self, device: torch.device | str = "cpu", enabled: bool = True):
         self.device = torch.device(device)
         self.enabled = enabled
-        self._cuda = enabled and self.device.type == "cuda"
-        self._mps = enabled and self.device.type == "mps"
+        self._events_on = enabled and self.device.type in ("cuda", "mps")  # device events, resolved per step
         self.ms: dict[str, float] = defaultdict(float)
         self.spans: list[tuple[str, float, float]] = []  # (phase, start_s, end_s) host clock, this step
         self.nested_spans: list[tuple[str, str, float, float]] = []  # from nested(): (name, part, start_s, end_s)
@@ -68,10 +77,8 @@ class PhaseTimer:
         if not self.enabled:
             yield
             return
-        if self._mps:
-            torch.mps.synchronize()
-        if self._cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if self._events_on:
+            start, end = device_event(self.device), device_event(self.device)
             start.record()
         label = torch.profiler.record_function(name) if self.labels else nullcontext()
         self._stack.append(name)
@@ -80,11 +87,9 @@ class PhaseTimer:
             with label:
                 yield
         finally:
-            if self._cuda:
+            if self._events_on:
                 end.record()
                 self._events.append((name, start, end))
-            if self._mps:
-                torch.mps.synchronize()
             t1 = time.perf_counter()
             self._stack.pop()
             self.ms[name] += (t1 - t0) * 1000
@@ -108,7 +113,7 @@ class PhaseTimer:
         self.nested_spans.append((name, part, t0, t1))
 
     def nested_device(self, name: str, start, end, t0: float, t1: float) -> None:
-        """Like nested(), timed by a pair of recorded CUDA events; resolved in end_step()."""
+        """Like nested(), timed by a pair of recorded device events; resolved in end_step()."""
         part = self._stack[0] if self._stack else None
         if part is None:
             return
@@ -117,7 +122,7 @@ class PhaseTimer:
 
     def end_step(self) -> tuple[dict[str, float], float]:
         """-> (phases_ms, wall_ms) of the step that just ended."""
-        if self._cuda and (self._events or self._nested_events):
+        if self._events_on and (self._events or self._nested_events):
             last = self._events[-1][2] if self._events else self._nested_events[-1][3]
             last.synchronize()
             host = defaultdict(float)

@@ -84,3 +84,46 @@ def test_packed_linears_pass_over_a_device_model_without_probing(monkeypatch):
     model = torch.nn.Sequential(torch.nn.Linear(64, 64, device="meta"))
     packed_linear.install(model)
     assert "forward" not in model[0].__dict__
+
+
+class FakeEvent:
+    """A device event whose elapsed time is the record order (ms): what PhaseTimer reads from torch.mps.event.Event."""
+
+    clock = [0]
+
+    def __init__(self, enable_timing=False):
+        self.at = None
+
+    def record(self):
+        FakeEvent.clock[0] += 1
+        self.at = FakeEvent.clock[0]
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return float(end.at - self.at)
+
+
+def test_mps_phases_and_norms_are_timed_by_events_not_syncs(monkeypatch):
+    """MPS synchronised at every phase edge and around every norm: that distorts what it measures."""
+    from specview.engine.phase_timer import PhaseTimer
+    from specview.profiling.hooks import NormHooks
+
+    def no_sync():
+        raise AssertionError("a device sync at a phase edge")
+
+    monkeypatch.setattr(torch.mps, "synchronize", no_sync)
+    monkeypatch.setattr(torch.mps.event, "Event", FakeEvent)
+    timer = PhaseTimer("mps")
+    hooks = NormHooks(timer)
+    norm = torch.nn.Sequential(torch.nn.LayerNorm(4))
+    assert hooks.install(norm) == 1
+    timer.start_step()
+    with timer.phase("verify"):
+        norm(torch.ones(1, 4))
+    with timer.phase("sample"):
+        pass
+    phases, _ = timer.end_step()
+    assert timer.parts["layernorm"] == {"verify": 1.0}  # events recorded around the norm, inside verify
+    assert phases["layernorm"] == 1.0 and timer.ms["verify"] == 3.0 and timer.ms["sample"] == 1.0
