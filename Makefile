@@ -5,7 +5,7 @@ STAMP   := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test fuzz stress bench bench-llamacpp bench-copy eval fidelity lint check clean
+.PHONY: install run test fuzz stress bench bench-llamacpp bench-copy eval fidelity gpu-smoke lint check clean
 
 install: $(STAMP)
 
@@ -89,6 +89,11 @@ eval: install
 # Pilot and in a real terminal (a tmux pane of 120x40; Pilot only without tmux), three sittings; ARGS=--terminal tmux.
 fidelity: install
 	$(PY) -m specview.tui.fidelity --rounds 3 --threads 1 $(ARGS)
+
+# Every command on --device cuda (or mps), PASS/FAIL per step, in a venv of its own with a CUDA torch (docs/guide/gpu.md).
+# Where no GPU is present: one line, exit 2.
+gpu-smoke:
+	python3 tests/gpu_smoke.py $(ARGS)
 
 lint: install
 	.venv/bin/ruff check specview tests
