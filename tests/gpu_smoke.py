@@ -126,6 +126,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", choices=["cuda", "mps", "cpu"], help="default: the GPU found here")
     parser.add_argument("--python", help="run with this interpreter instead of building .venv-gpu")
     parser.add_argument("--list", action="store_true", help="print the steps, run nothing")
+    parser.add_argument("--only", metavar="WORD[,WORD..]", help="only the steps whose name holds one of these words")
     args = parser.parse_args(argv)
     device = args.device or find_gpu()
     if device is None:
@@ -138,7 +139,10 @@ def main(argv=None) -> int:
             return 0
         python = args.python or build_venv(device)
         env = {**os.environ, "PYTHONPATH": ROOT, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-        return run_steps(steps(device, python, work), env)
+        todo = steps(device, python, work)
+        if args.only:
+            todo = [step for step in todo if any(word in step[0] for word in args.only.split(","))]
+        return run_steps(todo, env)
 
 
 if __name__ == "__main__":

@@ -186,6 +186,16 @@ class Int4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
 
 
+def to_device(model: nn.Module, device) -> nn.Module:
+    """An int4 copy made on the host, on `device`: every Int4Linear's codes packed again for the device's kernel
+    (the CPU's packing is not CUDA's), the rest moved as is. The halves stay on the host (fastdecode's, CPU only)."""
+    device = torch.device(device)
+    for module in model.modules():
+        if isinstance(module, Int4Linear) and module.packed.device != device and module.halves is not None:
+            module.packed = pack_codes(join_halves(module.halves).to(device))
+    return model.to(device)
+
+
 def _linears(model: nn.Module, head: bool = False):
     """(name, module) of every layer matrix to quantize. The lm_head stays bfloat16 unless `head`: its
     error lands on the logits directly (measured on SmolLM2-135M: a 4-bit head makes the draft about 20% cheaper

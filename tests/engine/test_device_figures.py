@@ -127,3 +127,18 @@ def test_mps_phases_and_norms_are_timed_by_events_not_syncs(monkeypatch):
     phases, _ = timer.end_step()
     assert timer.parts["layernorm"] == {"verify": 1.0}  # events recorded around the norm, inside verify
     assert phases["layernorm"] == 1.0 and timer.ms["verify"] == 3.0 and timer.ms["sample"] == 1.0
+
+
+def test_an_int4_draft_is_quantized_on_the_host_before_it_moves(monkeypatch, tiny_dir):
+    """@int4 on CUDA moved the full-precision base to the GPU, then quantized it there."""
+    import tiny
+    from specview.models import int4, loader
+
+    path = tiny.save(tiny.make_model("llama", 16, 4, width=64), tiny.make_tokenizer(16), tiny_dir / "int4-host")
+    seen = {}
+    monkeypatch.setattr(int4, "check_int4_supported", lambda *a, **kw: None)
+    monkeypatch.setattr(loader, "_int4_copy", lambda base, src, cache: seen.setdefault("at", base.device) and base)
+    monkeypatch.setattr(int4, "to_device", lambda model, device: seen.setdefault("moved", device) and model,
+                        raising=False)
+    loader.load_model(path + "@int4", torch.device("meta"))
+    assert seen == {"at": torch.device("cpu"), "moved": torch.device("meta")}
