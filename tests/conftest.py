@@ -42,7 +42,8 @@ torch.set_num_threads(1)  # tiny models: threads only add overhead, and the mach
 # and tree files are pure computation (thousands of sampled runs, kernel builds): their tests are spread one
 # by one. Every other file runs whole on one worker, in its order, as written: its fixtures, servers, terminals
 # and signals stay in one process, and the two workers only share the machine.
-SPREAD = {"test_lossless.py", "test_policies.py", "test_compiled.py", "test_trees.py", "test_check.py"}
+SPREAD = {"test_lossless.py", "test_policies.py", "test_compiled.py", "test_trees.py", "test_check.py",
+          "test_device_rules.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
