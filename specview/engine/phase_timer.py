@@ -71,6 +71,11 @@ class PhaseTimer:
         self._events = []
         self._nested_events = []
         self._step_t0 = time.perf_counter()
+        # The device clock's origin for this step: the traces place each phase by its events, as phases_ms counts it
+        # (host spans around launches would disagree with it).
+        self._origin = device_event(self.device) if self._events_on else None
+        if self._origin is not None:
+            self._origin.record()
 
     @contextmanager
     def phase(self, name: str):
@@ -117,8 +122,7 @@ class PhaseTimer:
         part = self._stack[0] if self._stack else None
         if part is None:
             return
-        self._nested_events.append((name, part, start, end))
-        self.nested_spans.append((name, part, t0, t1))
+        self._nested_events.append((name, part, start, end))  # its span is placed by the events, in end_step()
 
     def end_step(self) -> tuple[dict[str, float], float]:
         """-> (phases_ms, wall_ms) of the step that just ended."""
@@ -139,9 +143,13 @@ class PhaseTimer:
         wall_ms = (t1 - self._step_t0) * 1000
         phases = {name: self.ms.get(name, 0.0) for name in MEASURED_PHASES}
         measured = sum(phases.values())
+        scale = 1.0
         if measured > wall_ms:  # device time resolved after the host clock stopped: scale into the wall
-            phases = {k: v * wall_ms / measured for k, v in phases.items()}
+            scale = wall_ms / measured
+            phases = {k: v * scale for k, v in phases.items()}
             measured = wall_ms
+        if self._origin is not None and (self._events or self._nested_events):
+            self._device_spans(scale)
         phases["other"] = wall_ms - measured
         phases["softmax"] = self.ms.get("softmax", 0.0)
         phases["layernorm"] = self.ms.get("layernorm", 0.0)
@@ -150,3 +158,12 @@ class PhaseTimer:
         self.last = StepTiming(self._step_t0, t1, wall_ms, self.spans, self.nested_spans,
                                {k: dict(v) for k, v in self.parts.items()})
         return phases, wall_ms
+
+    def _device_spans(self, scale: float) -> None:
+        """The step's spans on the device clock (events already resolved): each phase from the step's origin event,
+        on the host clock's axis from the step's start, scaled as phases_ms was."""
+        def at(event) -> float:
+            return self._step_t0 + self._origin.elapsed_time(event) * scale / 1000
+
+        self.spans = [(name, at(start), at(end)) for name, start, end in self._events]
+        self.nested_spans += [(name, part, at(start), at(end)) for name, part, start, end in self._nested_events]

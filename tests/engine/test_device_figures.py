@@ -142,3 +142,52 @@ def test_an_int4_draft_is_quantized_on_the_host_before_it_moves(monkeypatch, tin
                         raising=False)
     loader.load_model(path + "@int4", torch.device("meta"))
     assert seen == {"at": torch.device("cpu"), "moved": torch.device("meta")}
+
+
+class Event:
+    """What top_operators reads of a torch.profiler FunctionEvent."""
+
+    def __init__(self, name, parent=None, device_us=0.0, cpu_us=0.0, label=False, kernel=False):
+        self.name, self.cpu_parent, self.is_user_annotation = name, parent, label
+        self.self_device_time_total, self.self_cpu_time_total, self.cpu_time_total = device_us, cpu_us, cpu_us
+        self.device_type = torch.autograd.DeviceType.CUDA if kernel else torch.autograd.DeviceType.CPU
+
+
+def test_the_cuda_operator_table_counts_each_kernel_once_in_device_time():
+    """--profile-ops on CUDA counted a kernel under its operator and again as a kernel event, and divided an
+    operator's device time by its phase's host span."""
+    from specview.profiling.ops import top_operators
+
+    verify = Event("verify", label=True, cpu_us=10_000)  # the label's host span: launches, 10 ms
+    mm = Event("aten::mm", parent=verify, device_us=2_000, cpu_us=50)
+    add = Event("aten::add", parent=verify, device_us=500, cpu_us=20)
+    kernels = [Event("gemm_kernel", device_us=2_000, kernel=True), Event("add_kernel", device_us=500, kernel=True)]
+    ops = top_operators([verify, mm, add, *kernels], cuda=True)
+    assert ops["total_self_ms"] == 2.5 and [op["name"] for op in ops["top"]] == ["aten::mm", "aten::add"]
+    assert ops["phase_ms"]["verify"] == 2.5 and ops["top"][0]["verify_share"] == 0.8
+
+
+def test_device_traces_place_phases_by_their_events(monkeypatch):
+    """On CUDA the traces used host launch spans while phases_ms used events: the two disagreed."""
+    from specview.engine.phase_timer import PhaseTimer
+
+    monkeypatch.setattr(torch.mps.event, "Event", FakeEvent)
+    FakeEvent.clock[0] = 0
+    timer = PhaseTimer("mps")
+    timer.start_step()  # origin event at 1
+    with timer.phase("draft"):  # events 2, 3
+        pass
+    with timer.phase("verify"):  # events 4, 7 (the norm's 5, 6 recorded by hand here)
+        norm_start, norm_end = FakeEvent(), FakeEvent()
+        norm_start.record()
+        norm_end.record()
+        timer.nested_device("layernorm", norm_start, norm_end, 0.0, 0.0)
+    timer.end_step()
+    t0 = timer.last.t0
+    offsets = [(name, (a - t0) * 1000, (b - t0) * 1000) for name, a, b in timer.last.spans]
+    scale = offsets[0][1]  # the origin is event 1, draft starts at 2: one fake ms, scaled as phases_ms was
+    assert [name for name, _, _ in offsets] == ["draft", "verify"]
+    assert [(a / scale, b / scale) for _, a, b in offsets] == [pytest.approx((1, 2)), pytest.approx((3, 6))]
+    [(name, part, a, b)] = timer.last.nested_spans
+    assert ((a - t0) * 1000 / scale, (b - t0) * 1000 / scale) == pytest.approx((4, 5))
+    assert (name, part) == ("layernorm", "verify")
