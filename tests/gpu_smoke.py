@@ -71,7 +71,9 @@ def in_hub(repo: str) -> bool:
 def steps(device: str, python: str, work: str) -> list[tuple[str, list[str], set[int]]]:
     """(name, command, exit codes that pass). A device without int4 must refuse @int4 in one line (exit 2)."""
     sv = [python, "-m", "specview"]
-    common = ["--device", device, "-N", "24", "--quiet", "--profile-dir", work]
+    # On the CPU (the script's own check) the compiled forward's first build would take most of a step's limit.
+    common = ["--device", device, "-N", "24", "--quiet", "--profile-dir", work] + (
+        ["--compile", "off"] if device == "cpu" else [])
     int4_ok = {0, 2}  # 2: refused before loading (MPS, CUDA below 8.0); the probe reports which
     prof = os.path.join(work, "smoke")
     out = [
@@ -111,12 +113,15 @@ def run_steps(todo, env) -> int:
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, env=env, cwd=ROOT)
             code, tail = done.returncode, (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:]
+            checks = [line for line in done.stdout.splitlines() if line.startswith(("PASS", "FAIL", "SKIP"))]
         except subprocess.TimeoutExpired:
-            code, tail = None, [f"timed out after {STEP_TIMEOUT_S} s"]
+            code, tail, checks = None, [f"timed out after {STEP_TIMEOUT_S} s"], []
         passed = code in ok
         failed += not passed
         why = "" if passed and code == 0 else f"  (exit {code}: {tail[0] if tail else ''})"
         print(f"{'PASS' if passed else 'FAIL'}  {name}  {time.monotonic() - t0:.0f} s{why}", flush=True)
+        for line in checks:  # the probe's own checks, with their figures
+            print("      " + line, flush=True)
     print(f"gpu-smoke: {len(todo) - failed}/{len(todo)} steps passed", flush=True)
     return 1 if failed else 0
 

@@ -18,6 +18,7 @@ import time
 import warnings
 
 DRAFT = "smollm2-135m@float16"
+COMPILE = {"cuda": "auto", "mps": "auto", "cpu": "off"}  # the CPU (the script's own check): no compiled forward's build
 results: list[bool] = []
 
 
@@ -34,7 +35,8 @@ def probe(device: str) -> None:
     from specview.engine.phase_timer import PhaseTimer
     from specview.session import open_session
 
-    session = open_session(Settings(device=device, draft=DRAFT, temperature=0.8, ignore_eos=True, max_new_tokens=32))
+    session = open_session(Settings(device=device, draft=DRAFT, temperature=0.8, ignore_eos=True, max_new_tokens=32,
+                                    compile=COMPILE[device]))
     say(True, f"loaded on {session.device} ({devices.name(session.device)})")
     decoder = session.decoder()
     run = decoder.start(session.prompt_ids, 32)
@@ -79,7 +81,7 @@ def probe(device: str) -> None:
 
 
 def stream(device: str) -> None:
-    settings = {"device": device, "draft": DRAFT, "max_new_tokens": 16, "ignore_eos": True}
+    settings = {"device": device, "draft": DRAFT, "max_new_tokens": 16, "ignore_eos": True, "compile": COMPILE[device]}
     child = subprocess.Popen([sys.executable, "-m", "specview.backend.engine_stream", json.dumps(settings)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     commands = [{"cmd": "load"}] + [{"cmd": "step", "k": 4}] * 3 + [{"cmd": "quit"}]
