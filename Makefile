@@ -5,7 +5,7 @@ STAMP   := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test fuzz stress bench bench-gpt2 bench-llamacpp engines bench-copy eval fidelity results lint check \
+.PHONY: install run test fuzz stress bench bench-gpt2 bench-llamacpp engines bench-copy eval fidelity results gpu-smoke lint check \
 	clean
 
 install: $(STAMP)
@@ -121,6 +121,11 @@ fidelity: install
 # docs/benchmarks.md and README's table from docs/results/*.json (add one: python -m specview.bench.results add --help).
 results: install
 	$(PY) -m specview.bench.results
+
+# Every command on --device cuda (or mps), PASS/FAIL per step, in a venv of its own with a CUDA torch (docs/guide/gpu.md).
+# Where no GPU is present: one line, exit 2.
+gpu-smoke:
+	python3 tests/gpu_smoke.py $(ARGS)
 
 lint: install
 	.venv/bin/ruff check specview tests

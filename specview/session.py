@@ -15,11 +15,12 @@ from specview.core.errors import SpecviewError
 from specview.core.events import EVENTS_SCHEMA
 from specview.core.policies import first_policy
 from specview.core.prompt_text import text_problem
-from specview.core.settings import Settings
+from specview.core.settings import Settings, draft_for_device
 from specview.drafters.specs import build as build_drafter
 from specview.drafters.specs import kind as drafter_kind
 from specview.drafters.specs import split_specs
 from specview.engine.decoder import Decoder
+from specview.engine.device import name as device_name
 from specview.engine.drafter import context_holders
 from specview.engine.phase_timer import PhaseTimer
 from specview.models.loader import LoadedModel, check_same_vocab, load_model, resolve_device
@@ -72,7 +73,7 @@ class Session:
         """This machine's cost curve for the target (`specview calibrate`), or None."""
         mode = (self.forwards.get(self.settings.target) or {}).get("mode")
         return host.cached_curve(host.cost_key(self.settings.target, torch.get_num_threads(),
-                                                     torch.__version__, mode))
+                                               torch.__version__, mode, str(self.device), device_name(self.device)))
 
     def meta(self) -> dict:
         """Config, seed, versions, device, cpu, threads: what a profile or bench file records."""
@@ -84,6 +85,7 @@ class Session:
             "versions": {"specview": _version(), "torch": torch.__version__, "transformers": transformers.__version__,
                          "python": platform.python_version()},
             "device": str(self.device),
+            "device_name": device_name(self.device),  # the GPU's model (torch.cuda.get_device_name), "mps", None
             "cpu": host.cpu_summary(),  # the model name and the ISA flags that decide the kernels
             "threads": torch.get_num_threads(),
             "target_dtype": str(self.target.dtype).removeprefix("torch."),
@@ -155,6 +157,16 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
     if settings.threads:
         torch.set_num_threads(settings.threads)
     device = resolve_device(settings.device)
+    notes: list[str] = []
+    int4_problem = None if settings.device_map else int4_device_problem(device)
+    if with_draft and draft_for_device(settings.draft, int4_problem is None) != settings.draft:
+        chosen = draft_for_device(settings.draft, False)
+        notes.append(f"default draft on {device.type}: {chosen} (@int4 has no kernel here)")
+        say(notes[-1])
+        settings.draft = chosen
+        specs = split_specs(chosen)
+        kinds = [drafter_kind(spec) for spec in specs]
+    check_int4_specs(settings.target, [s for s, kind in zip(specs, kinds) if kind == "model"], int4_problem)
     t0 = time.perf_counter()
     loaded: dict = {}  # one load per source: the default pair's int4 draft is a copy of the target
     say(f"loading target {settings.target}")
@@ -162,7 +174,6 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
                         device_map=settings.device_map, max_memory=settings.max_memory)
     device = target.device  # with --device-map: the first device (inputs); drafts sit there too
     prompt_ids = encode_prompt(target.tokenizer, settings.prompt, settings.chat)
-    notes: list[str] = []
 
     drafts: dict[str, LoadedModel] = {}  # spec -> its model: drafters of one spec (a chain and a tree) share it
 
@@ -188,7 +199,26 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
     return Session(settings, target, drafters, prompt_ids, device, time.perf_counter() - t0, notes, forwards)
 
 
+def int4_device_problem(device: torch.device) -> str | None:
+    from specview.models.int4 import device_problem
+
+    return device_problem(device)
+
+
+def check_int4_specs(target: str, drafts: list[str], problem: str | None) -> None:
+    """An @int4 model spec on a device without an int4 kernel fails here, in one line, before anything loads."""
+    if problem is None:
+        return
+    from specview.core.tree_shape import split_tree
+    from specview.models.loader import parse_spec
+
+    for option, spec in [("--target", target)] + [("--draft", draft) for draft in drafts]:
+        if parse_spec(split_tree(spec)[0]).int4:
+            raise SpecviewError(f"{option} {spec}: {problem}")
+
+
 def prepare_forwards(models: list, mode: str, say: Callable[[str], None], background: bool = False) -> dict:
+
     """fast_path.prepare for every distinct model (a layer-skip view runs transformers' forward of its own):
     spec -> ForwardChoice.to_json(), for the profile's config, --verbose and report."""
     from specview.cpu import fast_path

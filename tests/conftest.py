@@ -43,7 +43,7 @@ torch.set_num_threads(1)  # tiny models: threads only add overhead, and the mach
 # by one. Every other file runs whole on one worker, in its order, as written: its fixtures, servers, terminals
 # and signals stay in one process, and the two workers only share the machine.
 SPREAD = {"test_lossless.py", "test_policies.py", "test_compiled.py", "test_trees.py", "test_check.py",
-          "test_background_build.py"}
+          "test_background_build.py", "test_device_rules.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items

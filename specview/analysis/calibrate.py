@@ -25,6 +25,7 @@ from specview.core.files import ensure_writable_dir, save_figure, write_json_ato
 from specview.core.metrics import CostCurve, fit_cost_curve
 from specview.core.settings import Settings
 from specview.core.stopping import Stop
+from specview.engine import device as devices
 from specview.engine.kv_cache import crop_cache, new_cache
 from specview.session import Session, open_session
 
@@ -45,8 +46,10 @@ def measure_target(session: Session, rows: list[int], repeats: int) -> dict[int,
     times: dict[int, list[float]] = {r: [] for r in rows}
     for rnd in range(repeats + 1):  # the first round warms every path up
         for r in rows:
+            devices.synchronize(session.device)  # on a device: time the forward's work, not its launch
             t0 = time.perf_counter()
             dec.forward(target, cache, feed[:r], keep=r)
+            devices.synchronize(session.device)
             ms = (time.perf_counter() - t0) * 1000
             crop_cache(cache, base)
             if rnd:
@@ -71,8 +74,10 @@ def measure_drafter(session: Session, drafter, k: int, repeats: int) -> float | 
     per_token = []
     for rnd in range(repeats + 1):
         dec.timer.start_step()
+        devices.synchronize(session.device)
         t0 = time.perf_counter()
         proposal = drafter.propose(dec, state, tokens, k)
+        devices.synchronize(session.device)
         ms = (time.perf_counter() - t0) * 1000
         dec.timer.end_step()
         drafter.rollback(state, len(tokens) - 1)
@@ -98,7 +103,8 @@ def calibrate(session: Session, max_rows: int, repeats: int, say=lambda msg: Non
     floor = floor_ms(model_bytes(session.target.model)["weights"], bw["gbs"])
     curve = fit_cost_curve(rows, [target_ms[r] for r in rows], draft_ms, floor)
     key = host.cost_key(session.settings.target, torch.get_num_threads(), torch.__version__,
-                           (session.forwards.get(session.settings.target) or {}).get("mode"))
+                        (session.forwards.get(session.settings.target) or {}).get("mode"),
+                        str(session.device), devices.name(session.device))
     cached = host.read_cached(host.COSTS_FILE)
     old = cached.get(key) if isinstance(cached.get(key), dict) else {}
     kept = CostCurve.from_json(old.get("curve") or {})

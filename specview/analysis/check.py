@@ -17,6 +17,7 @@ draws measured the target alone. The last line says so as key=value pairs for sc
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -96,15 +97,16 @@ def greedy_generate(decoder: Decoder, ids: list[int], n: int, stop: Stop) -> lis
 
 def logit_margin(decoder: Decoder, prefix: list[int]) -> tuple[float, float]:
     """(top-1 minus top-2 logit of the target after `prefix`, the float noise there): the logits of one
-    forward over the whole prefix against those of the prefix's last token fed on its own."""
+    forward over the whole prefix against those of the prefix's last token fed on its own. Read on the host as
+    Python floats (float64: the float32 logits' differences exactly; MPS has no float64 on the device)."""
     target = decoder.target
-    whole = decoder.forward(target, new_cache(target), prefix, keep=1)[-1].double()
+    whole = decoder.forward(target, new_cache(target), prefix, keep=1)[-1].float().tolist()
     cache = new_cache(target)
     if len(prefix) > 1:
         decoder.forward(target, cache, prefix[:-1], keep=1)
-    single = decoder.forward(target, cache, prefix[-1:], keep=1)[-1].double()
-    top = torch.topk(whole, 2).values
-    return float(top[0] - top[1]), float((whole - single).abs().max())
+    single = decoder.forward(target, cache, prefix[-1:], keep=1)[-1].float().tolist()
+    top = sorted(whole, reverse=True)[:2]
+    return top[0] - top[1], max(abs(a - b) for a, b in zip(whole, single))
 
 
 def check_greedy(session: Session, drafter, prompts: list[list[int]], n: int, result: DrafterResult,
@@ -179,10 +181,11 @@ def later_observations(decoder: Decoder, prefix: list[int], draws: list[list[int
             yield laws[i], [emitted[i]] * count
 
 
-def exact_distribution(decoder: Decoder, prefix: list[int]) -> torch.Tensor:
-    """The target's next-token distribution after `prefix`, through the engine's own sampling function."""
+def exact_distribution(decoder: Decoder, prefix: list[int]) -> list[float]:
+    """The target's next-token distribution after `prefix`, through the engine's own sampling function, on the
+    host (the chi-square's counts live there: a device tensor indexed by them, or they by its mask, fails)."""
     logits = decoder.forward(decoder.target, new_cache(decoder.target), prefix, keep=1)[-1]
-    return probs_from_logits(logits, decoder.sampling).double()
+    return probs_from_logits(logits, decoder.sampling).tolist()
 
 
 def chi_square(draws: list[int], p: torch.Tensor) -> tuple[float | None, float | None, int, str]:
@@ -199,7 +202,7 @@ def chi_square_conditional(observations) -> tuple[float | None, float | None, in
     observed = torch.zeros(MAX_BINS + 1, dtype=torch.float64)
     m, impossible = 0, 0
     for law, tokens in observations:
-        law = law.double()
+        law = torch.as_tensor(law).detach().to("cpu").double()  # on the host: MPS has no float64
         values, order = torch.sort(law, descending=True, stable=True)
         rank_of = torch.empty_like(order)
         rank_of[order] = torch.arange(order.shape[0])
@@ -232,10 +235,41 @@ def chi_square_conditional(observations) -> tuple[float | None, float | None, in
 
 def chi_square_tail(stat: float, dof: int) -> float:
     """P(X >= stat) for X chi-square with `dof` degrees of freedom: the regularized upper incomplete gamma
-    Q(dof/2, stat/2). torch has it, so specview needs no scipy (whose import transformers would then pay at every
-    start: a noticeable share of a warm start's imports)."""
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    Q(dof/2, stat/2), in Python floats (no scipy, whose import transformers would then pay at every start; no
+    float64 tensor, which MPS lacks): the series of P below a + 1, Lentz's continued fraction of Q above."""
+    a, x = dof / 2, stat / 2
+    if x <= 0:
+        return 1.0
+    if math.isinf(x):
+        return 0.0
+    scale = math.exp(-x + a * math.log(x) - math.lgamma(a))
+    if x < a + 1:
+        term = total = 1 / a
+        n = a
+        for _ in range(10_000):
+            n += 1
+            term *= x / n
+            total += term
+            if abs(term) < abs(total) * 1e-17:
+                break
+        return max(0.0, 1.0 - total * scale)
+    tiny = 1e-300
+    b = x + 1 - a
+    c, d = 1 / tiny, 1 / b
+    h = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        step = d * c
+        h *= step
+        if abs(step - 1) < 1e-16:
+            break
+    return scale * h
 
 
 def check_distribution(session: Session, drafter, prefix: list[int], samples: int, result: DrafterResult,

@@ -119,9 +119,14 @@ def store_cached(name: str, data: dict) -> None:
 COSTS_FILE = "costs.json"  # `specview calibrate`'s cost curves (metrics.CostCurve), beside bandwidth.json
 
 
-def cost_key(target: str, threads: int, torch_version: str, mode: str | None) -> str:
-    """A cost curve holds for one machine, torch, thread count, target model and forward (compiled or not)."""
-    return f"{host_key()}/torch {torch_version}/threads={threads}/{target}/{mode or 'eager'}"
+def cost_key(target: str, threads: int, torch_version: str, mode: str | None, device: str | None = None,
+             device_name: str | None = None) -> str:
+    """A cost curve holds for one machine, torch, thread count, target model, forward (compiled or not) and device:
+    a GPU's curve names the device and its model (a CPU's key is as it was before devices were keyed)."""
+    key = f"{host_key()}/torch {torch_version}/threads={threads}/{target}/{mode or 'eager'}"
+    if device and device != "cpu":
+        key += f"/device={device}" + (f" ({device_name})" if device_name else "")
+    return key
 
 
 def profile_cost_key(meta: dict) -> str | None:
@@ -131,7 +136,8 @@ def profile_cost_key(meta: dict) -> str | None:
         return None
     target = meta.get("target") or (meta.get("config") or {}).get("target")  # a bench file's meta: in config
     mode = ((meta.get("forwards") or {}).get(target) or {}).get("mode")
-    return cost_key(str(target), meta.get("threads"), (meta.get("versions") or {}).get("torch"), mode)
+    return cost_key(str(target), meta.get("threads"), (meta.get("versions") or {}).get("torch"), mode,
+                    meta.get("device"), meta.get("device_name"))
 
 
 def cached_curve(key: str | None):

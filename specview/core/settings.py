@@ -17,6 +17,23 @@ DEFAULT_TARGET = BUNDLED_ALIAS
 DEFAULT_DRAFT = BUNDLED_ALIAS + "@int4+head"
 EXACT_DRAFT = BUNDLED_ALIAS + "@int4"
 BENCH_DRAFTS = f"{DEFAULT_DRAFT},{EXACT_DRAFT}"  # bench's default: the real-pair draft and the fastest one
+EVAL_DRAFTS = DEFAULT_DRAFT + ",ngram"  # eval's default: the default draft model and prompt lookup
+# Where @int4 has no kernel (MPS; CUDA below compute capability 8.0), the default drafts are the half-precision copy
+# of the target: a real draft there, loaded without a kernel the device lacks.
+NO_INT4_DRAFT = BUNDLED_ALIAS + "@float16"
+
+
+def draft_for_device(draft: str, int4_runs: bool) -> str:
+    """`draft` as a device runs it: a default list (run's, bench's, eval's: the same text typed counts as the
+    default) with its int4 copies replaced by NO_INT4_DRAFT where int4 has no kernel; anything else as given."""
+    if int4_runs or draft not in (DEFAULT_DRAFT, BENCH_DRAFTS, EVAL_DRAFTS):
+        return draft
+    out: list[str] = []
+    for item in draft.split(","):
+        item = NO_INT4_DRAFT if item in (DEFAULT_DRAFT, EXACT_DRAFT) else item
+        if item not in out:
+            out.append(item)
+    return ",".join(out)
 K_MAX = 32  # the most drafts per step anywhere (the TUI's +, a request's k): wider blocks only waste draft forwards
 K_LIMIT = 4096  # the largest K a file read back may name (-K itself is unbounded); past it the file is damaged
 DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"

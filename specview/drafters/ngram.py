@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from specview.core.errors import SpecviewError, quoted
+from specview.engine import device as devices
 from specview.engine.drafter import Proposal
 
 DEFAULT_MAX, DEFAULT_MIN = 4, 1
@@ -85,7 +86,7 @@ class NgramDrafter:
         with dec.timer.phase("draft"):
             found = lookup(tokens, k, self.max_n, self.min_n)
             ids = found[1] if found else []
-            drafts = torch.tensor(ids, dtype=torch.long, device=dec.device)
+            drafts = devices.upload(ids, dec.device)
             q = torch.zeros(len(ids), dec.vocab, device=dec.device)
             q[torch.arange(len(ids), device=dec.device), drafts] = 1.0  # one-hot: the proposal is certain
         source = (found[0], found[0] + len(ids)) if found else None

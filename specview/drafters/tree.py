@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from specview.drafters.ngram import all_continuations
+from specview.engine import device as devices
 from specview.engine import token_tree
 from specview.engine.drafter import Proposal
 from specview.engine.kv_cache import keep_rows
@@ -70,7 +71,7 @@ class TreeDrafter:
                         index[key] = len(ids)
                         ids.append(continuation[depth - 1])
                         parents.append(index[key[:-1]] if depth > 1 else -1)
-            drafts = torch.tensor(ids, dtype=torch.long, device=dec.device)
+            drafts = devices.upload(ids, dec.device)
             q = torch.zeros(len(ids), dec.vocab, device=dec.device)
             q[torch.arange(len(ids), device=dec.device), drafts] = 1.0  # one-hot: the proposal is certain
         return Proposal(drafts, q, first, parents=parents)
@@ -92,8 +93,11 @@ class TreeDrafter:
             with timer.phase("sample"):
                 with timer.phase("softmax"):
                     q = probs_from_logits(logits, dec.sampling)
+                deterministic = dynamic or greedy
+                # One host read per level, for every row of the frontier (the tree's shape depends on it).
+                known = self._level_read(q, deterministic)
                 for i, parent in enumerate(frontier):
-                    for rank, (token, law, prob) in enumerate(self._children(q[i], dec, deterministic=dynamic or greedy)):
+                    for rank, (token, law, prob) in enumerate(self._children(q[i], known[i], dec, deterministic)):
                         score = prob * (scores[parent] if parent >= 0 else 1.0)
                         if rank and shape.min and score < shape.min:  # top-b come likeliest first: none left
                             break
@@ -136,24 +140,33 @@ class TreeDrafter:
         ids, laws, rows = [ids[j] for j in order], [laws[j] for j in order], [rows[j] for j in order]
         return Proposal(torch.stack(ids), torch.stack(laws), parents=parents, draft_rows=rows)
 
-    def _children(self, q: torch.Tensor, dec, deterministic: bool):
-        """(token, the law it was drawn from, its draft probability) for up to b children of a node."""
+    def _level_read(self, q: torch.Tensor, deterministic: bool) -> list:
+        """What the host must know of a level's rows [rows, V], in ONE read (a sync on a device): the top-b
+        probabilities and their ids of each row (deterministic children), or how many tokens each row gives a
+        nonzero probability (children drawn without replacement stop when none is left)."""
+        if deterministic:
+            values, order = torch.topk(q, min(self.shape.b, q.shape[-1]), dim=-1)
+            return list(zip(values.tolist(), order))
+        return (q > 0).sum(dim=-1).tolist()
+
+    def _children(self, q: torch.Tensor, known, dec, deterministic: bool):
+        """(token, the law it was drawn from, its draft probability) for up to b children of a node; `known` is
+        the node's row of _level_read. No host read here: the tokens stay on the device."""
         b = self.shape.b
         if deterministic:
-            values, order = torch.topk(q, min(b, q.shape[-1]))
-            for prob, token in zip(values.tolist(), order):
+            values, order = known
+            for rank, prob in enumerate(values):
                 if prob <= 0:
                     break
-                law = q if dec.sampling.greedy else torch.nn.functional.one_hot(token, q.shape[-1]).to(q.dtype)
+                token = order[rank]
+                law = q if dec.sampling.greedy else torch.zeros_like(q).index_fill_(0, token.view(1), 1.0)
                 yield token, law, prob
             return
         law = q
-        for _ in range(b):
+        for drawn in range(min(b, known)):  # `known` tokens have mass: the last of them leaves none
             token = sample(law, dec.generator)
             yield token, law, 1.0
-            rest = law.clone()
-            rest[token] = 0.0
-            mass = float(rest.sum())  # a host read per sibling (the draft's own randomness decides how many)
-            if mass <= 0.0:
+            if drawn + 1 == known:
                 return
-            law = rest / mass
+            rest = law.clone().index_fill_(0, token.view(1), 0.0)
+            law = rest / rest.sum()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from specview.engine import device as devices
+
 
 def ends_in_rejection(tried: list[bool], path: list[int]) -> bool:
     """Whether the walk ended at a rejection. The nodes are visited in order and the last accepted node is the
@@ -50,10 +52,12 @@ class Decision:
     @classmethod
     def from_device(cls, extra, tried, accepted, d, px, qx, r, top_ids, top_probs) -> Decision:
         parts = dict(zip(cls.FIELDS, (extra.view(1), tried, accepted, d, px, qx, r, top_ids, top_probs)))
-        if extra.device.type == "cpu":  # no transfer to save: each part read as it is (nine packing ops fewer)
+        if devices.on_host(extra.device):  # no transfer to save: each part read as it is (nine packing ops fewer)
             return cls({name: part.reshape(-1).tolist() for name, part in parts.items()})
+        # float32 (MPS has no float64): p, q, r are float32 already, flags are 0 / 1, and ids are exact below 2^24
+        # (Decoder refuses a larger vocabulary on a device).
         sizes = [part.numel() for part in parts.values()]
-        flat = torch.cat([t.reshape(-1).to(torch.float64) for t in parts.values()]).tolist()  # the one transfer
+        flat = torch.cat([t.reshape(-1).to(torch.float32) for t in parts.values()]).tolist()  # the one transfer
         values, pos = {}, 0
         for name, size in zip(parts, sizes):
             values[name] = flat[pos: pos + size]

@@ -20,10 +20,12 @@ import time
 import torch
 
 from specview.core.detokenize import CONTEXT, piece_in_context
+from specview.core.errors import SpecviewError
 from specview.core.events import RunSummary, StepResult
 from specview.core.policies import make_policy, parse_policy
 from specview.core.settings import SamplingConfig
 from specview.cpu import fast_path
+from specview.engine import device as devices
 from specview.engine import token_tree
 from specview.engine.decision import Decision, ends_in_rejection
 from specview.engine.drafter import ModelDrafter, Proposal, context_holders
@@ -81,6 +83,9 @@ class Decoder:
         if lm is not None:
             install_linears(lm.model)
         self.vocab = vocab_limit(self.target, lm)  # logits sliced to what both models and the tokenizer share
+        if not devices.on_host(self.device) and self.vocab >= devices.FLOAT32_EXACT_INTS:
+            raise SpecviewError(f"a vocabulary of {self.vocab} tokens: on {self.device} the step's decision is "
+                                f"packed in float32, exact for ids below 2^24 only; use --device cpu")
         holders = context_holders(self.target, [] if drafter is None else [drafter])
         limits = [m.context_len for m in holders if getattr(m, "context_len", None)]
         self.context_len = min(limits) if limits else None
@@ -111,7 +116,7 @@ class Decoder:
         `tree` = (positions, allowed) from token_tree.layout: each row at its own position, seeing only what
         `allowed` [rows, cached + rows] lets it (a token tree's rows see their ancestors, not their cousins)."""
         if not isinstance(ids, torch.Tensor):
-            ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+            ids = devices.upload(ids, self.device)
         runner = fast_path.runner_for(lm.model)  # kernels.prepare installed the compiled forward
         if runner is not None:
             logits = runner(ids.view(-1), cache, keep or 0, tree)[:, : self.vocab]
@@ -122,8 +127,9 @@ class Decoder:
         with fast_path.packed_products():
             out = lm.model(input_ids=ids.view(1, -1), past_key_values=cache, use_cache=True, logits_to_keep=keep or 0,
                            **extra)
-        # A model spread over devices (--device-map) returns its logits on its last one.
-        return out.logits[0, :, : self.vocab].to(self.device)
+        # A model spread over devices (--device-map) returns its logits on its last one (a copy between devices
+        # that need not wait for the host).
+        return out.logits[0, :, : self.vocab].to(self.device, non_blocking=True)
 
 
 def install_linears(model) -> None:
@@ -207,6 +213,7 @@ class Run:
         self._drafters: dict[int, object] = {}  # id(drafter) -> drafter, beside `states`
         # A run that starts while a compiled forward is built in the background records which forward each step ran.
         self.track_forwards = fast_path.pending_builds()
+        devices.reset_peak(decoder.device)  # memory_mb's device peak is this run's
 
     @property
     def generated(self) -> list[int]:
@@ -236,6 +243,7 @@ class Run:
             self.dec.forward(self.dec.target, self.target_cache, head, keep=1)
             if self.dec.drafter is not None:
                 self.dec.drafter.prefill(self.dec, self._state(self.dec.drafter), head)
+            devices.synchronize(self.dec.device)  # the prefill's work, not its launches (else it lands in step 1)
         self.summary.prefill_ms = (time.perf_counter() - t0) * 1000
         self._prefilled = True
 
@@ -292,7 +300,7 @@ class Run:
         with timer.phase("verify"):
             start = self.target_cache.get_seq_length()
             fed = self.tokens[start:]
-            ids = torch.tensor(fed, dtype=torch.long, device=dec.device)
+            ids = devices.upload(fed, dec.device)
             n_drafts = len(proposal) if proposal is not None else 0
             tree = None
             if n_drafts:
@@ -350,14 +358,14 @@ class Run:
         d, q = proposal.tokens, proposal.q
         n = len(d)
         parents = proposal.parents if proposal.parents is not None else list(range(-1, n - 1))
-        above = torch.tensor([parent + 1 for parent in parents], device=dec.device)  # each node's row of p
+        above = devices.upload([parent + 1 for parent in parents], dec.device)  # each node's row of p
         px, qx = p[above, d], q[torch.arange(n, device=dec.device), d]
         if dec.sampling.greedy:
             r, matches = empty, d == p.argmax(dim=-1)[above]
         else:
             r, matches = torch.rand(n, generator=dec.generator, device=dec.device), None
         if host is None:  # the host walk on the CPU (tests compare both walks with `host`)
-            host = dec.device.type == "cpu"
+            host = devices.on_host(dec.device)
         walk = self._walk_on_host if host else self._walk_on_device
         dist, tried, accepted = walk(p, d, q, parents, qx, r, matches)
         # The residual's top entries are reported when the walk ended at a rejection only; on the host the walk knows
@@ -369,7 +377,7 @@ class Run:
         """The walk without a branch on a device value: every node's test, residual and selects computed, the
         outcome kept by torch.where. -> (the law of the extra token, tried [n], accepted [n])."""
         greedy = self.dec.sampling.greedy
-        current = torch.tensor(-1, device=p.device)  # the last node accepted (-1: the root)
+        current = torch.full((), -1, dtype=torch.long, device=p.device)  # the last node accepted (-1: the root)
         target = residual = p[0]
         tried, accepted = [], []
         for j, parent in enumerate(parents):
@@ -377,7 +385,8 @@ class Run:
             if greedy:
                 ok = here & matches[j]
             else:
-                ok = here & accept_test(r[j], target[d[j]], qx[j])
+                # gather, not target[d[j]]: indexing with a 0-dim device tensor reads it on the host (a sync)
+                ok = here & accept_test(r[j], target.gather(0, d[j: j + 1])[0], qx[j])
                 missed = here & ~ok
                 left = residual_distribution(target, q[j])
                 residual = torch.where(ok, p[j + 1], torch.where(missed, left, residual))

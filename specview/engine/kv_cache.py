@@ -34,10 +34,14 @@ def keep_rows(cache, base: int, rows: list[int]) -> None:
     if rows != list(range(len(rows))):
         import torch
 
-        index = torch.tensor(rows, dtype=torch.long) + base
+        from specview.engine import device as devices
+
+        index, on = None, None  # moved to a device once, not once per layer tensor (--device-map: once per device)
         with torch.inference_mode():  # the forwards made these tensors in inference mode
             for tensor in _layer_tensors(cache):
-                tensor[:, :, base: base + len(rows)] = tensor.index_select(2, index.to(tensor.device))
+                if on != tensor.device:
+                    index, on = devices.upload([row + base for row in rows], tensor.device), tensor.device
+                tensor[:, :, base: base + len(rows)] = tensor.index_select(2, index)
     crop_cache(cache, base + len(rows))
 
 

@@ -4,11 +4,12 @@ A step is cut into non-overlapping top-level phases (draft, verify, sample, cach
 is left of the step's wall time, so unexplained time stays visible. Nested phases (softmax inside
 sample, layernorm inside the forwards) are added on top and never counted twice.
 
-On CPU the host clock is the truth. On MPS we synchronise at phase edges. On CUDA each phase is a
-pair of CUDA events, resolved once at the end of the step (one sync per step, not one per phase).
+On CPU the host clock is the truth. On CUDA and MPS each phase is a pair of device events (torch.cuda.Event,
+torch.mps.event.Event), resolved once at the end of the step (one sync per step, not one per phase edge: a sync
+at every edge distorts what it measures and slows the step).
 
 Nested time measured outside `phase()` (the norm hooks of `profiling.hooks`) goes through `nested()`
-(host clock) or `nested_device()` (CUDA events); it is attributed to the top-level phase open at that
+(host clock) or `nested_device()` (device events); it is attributed to the top-level phase open at that
 moment, so layernorm splits into its draft and verify parts without the hook knowing which model it is on.
 """
 
@@ -36,12 +37,20 @@ class StepTiming:
     parts: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> {enclosing phase: ms}
 
 
+def device_event(device: torch.device):
+    """A timing event on `device` (CUDA's or MPS's), or None where the host clock is the truth."""
+    if device.type == "cuda":
+        return torch.cuda.Event(enable_timing=True)
+    if device.type == "mps":
+        return torch.mps.event.Event(enable_timing=True)
+    return None
+
+
 class PhaseTimer:
     def __init__(self, device: torch.device | str = "cpu", enabled: bool = True):
         self.device = torch.device(device)
         self.enabled = enabled
-        self._cuda = enabled and self.device.type == "cuda"
-        self._mps = enabled and self.device.type == "mps"
+        self._events_on = enabled and self.device.type in ("cuda", "mps")  # device events, resolved per step
         self.ms: dict[str, float] = defaultdict(float)
         self.spans: list[tuple[str, float, float]] = []  # (phase, start_s, end_s) host clock, this step
         self.nested_spans: list[tuple[str, str, float, float]] = []  # from nested(): (name, part, start_s, end_s)
@@ -62,16 +71,19 @@ class PhaseTimer:
         self._events = []
         self._nested_events = []
         self._step_t0 = time.perf_counter()
+        # The device clock's origin for this step: the traces place each phase by its events, as phases_ms counts it
+        # (host spans around launches would disagree with it).
+        self._origin = device_event(self.device) if self._events_on else None
+        if self._origin is not None:
+            self._origin.record()
 
     @contextmanager
     def phase(self, name: str):
         if not self.enabled:
             yield
             return
-        if self._mps:
-            torch.mps.synchronize()
-        if self._cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if self._events_on:
+            start, end = device_event(self.device), device_event(self.device)
             start.record()
         label = torch.profiler.record_function(name) if self.labels else nullcontext()
         self._stack.append(name)
@@ -80,11 +92,9 @@ class PhaseTimer:
             with label:
                 yield
         finally:
-            if self._cuda:
+            if self._events_on:
                 end.record()
                 self._events.append((name, start, end))
-            if self._mps:
-                torch.mps.synchronize()
             t1 = time.perf_counter()
             self._stack.pop()
             self.ms[name] += (t1 - t0) * 1000
@@ -119,16 +129,15 @@ class PhaseTimer:
         split[part] = split.get(part, 0.0) + ms
 
     def nested_device(self, name: str, start, end, t0: float, t1: float) -> None:
-        """Like nested(), timed by a pair of recorded CUDA events; resolved in end_step()."""
+        """Like nested(), timed by a pair of recorded device events; resolved in end_step()."""
         part = self._stack[0] if self._stack else None
         if part is None:
             return
-        self._nested_events.append((name, part, start, end))
-        self.nested_spans.append((name, part, t0, t1))
+        self._nested_events.append((name, part, start, end))  # its span is placed by the events, in end_step()
 
     def end_step(self) -> tuple[dict[str, float], float]:
         """-> (phases_ms, wall_ms) of the step that just ended."""
-        if self._cuda and (self._events or self._nested_events):
+        if self._events_on and (self._events or self._nested_events):
             last = self._events[-1][2] if self._events else self._nested_events[-1][3]
             last.synchronize()
             host = defaultdict(float)
@@ -145,9 +154,13 @@ class PhaseTimer:
         wall_ms = (t1 - self._step_t0) * 1000
         phases = {name: self.ms.get(name, 0.0) for name in MEASURED_PHASES}
         measured = sum(phases.values())
+        scale = 1.0
         if measured > wall_ms:  # device time resolved after the host clock stopped: scale into the wall
-            phases = {k: v * wall_ms / measured for k, v in phases.items()}
+            scale = wall_ms / measured
+            phases = {k: v * scale for k, v in phases.items()}
             measured = wall_ms
+        if self._origin is not None and (self._events or self._nested_events):
+            self._device_spans(scale)
         phases["other"] = wall_ms - measured
         phases["softmax"] = self.ms.get("softmax", 0.0)
         phases["layernorm"] = self.ms.get("layernorm", 0.0)
@@ -156,3 +169,12 @@ class PhaseTimer:
         self.last = StepTiming(self._step_t0, t1, wall_ms, self.spans, self.nested_spans,
                                {k: dict(v) for k, v in self.parts.items()})
         return phases, wall_ms
+
+    def _device_spans(self, scale: float) -> None:
+        """The step's spans on the device clock (events already resolved): each phase from the step's origin event,
+        on the host clock's axis from the step's start, scaled as phases_ms was."""
+        def at(event) -> float:
+            return self._step_t0 + self._origin.elapsed_time(event) * scale / 1000
+
+        self.spans = [(name, at(start), at(end)) for name, start, end in self._events]
+        self.nested_spans += [(name, part, at(start), at(end)) for name, part, start, end in self._nested_events]

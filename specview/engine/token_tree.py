@@ -89,7 +89,7 @@ def layout(parents: list[int], start: int, fed: int, device=None) -> tuple[torch
     allowed = torch.cat([torch.ones(rows, start, dtype=torch.bool), new], dim=1)
     offsets = list(range(fed)) + [fed - 1 + d for d in depths(parents)]
     positions = torch.tensor(offsets, dtype=torch.long) + start
-    return positions.to(device), allowed.to(device)
+    return _up(positions, device), _up(allowed, device)
 
 
 def append_layout(parents: list[int], rows: list[int], new: list[int], base: int, cached: int,
@@ -107,4 +107,11 @@ def append_layout(parents: list[int], rows: list[int], new: list[int], base: int
             ancestor = parents[ancestor]
         allowed[i, cached + i] = True
     positions = torch.tensor([base - 1 + level[j] for j in new], dtype=torch.long)
-    return positions.to(device), allowed.to(device)
+    return _up(positions, device), _up(allowed, device)
+
+
+def _up(tensor: torch.Tensor, device) -> torch.Tensor:
+    """A host-built tensor on `device` without a blocking copy (engine/device.py)."""
+    from specview.engine import device as devices
+
+    return tensor if device is None else devices.upload(tensor, device)

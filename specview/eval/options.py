@@ -6,13 +6,13 @@ import argparse
 
 from specview.core.options import Parser, add_run_options, allow_policy_list, number_type
 from specview.core.prompt_sets import BUILTIN, parse_categories
-from specview.core.settings import DEFAULT_DRAFT
+from specview.core.settings import DEFAULT_DRAFT, EVAL_DRAFTS
 
 # Eval differs from `run` in its defaults: greedy, as Spec-Bench measures, so every drafter must emit the
 # autoregressive tokens and the table checks it. Any sampling setting works with --temperature.
 # chat None = on for builtin when the tokenizer has a template; prompt None = not given (eval reads --prompts).
 # draft: the default draft model and prompt lookup, the two drafters that pay off on this CPU, side by side.
-EVAL_DEFAULTS = {"temperature": 0.0, "chat": None, "prompt": None, "draft": DEFAULT_DRAFT + ",ngram"}
+EVAL_DEFAULTS = {"temperature": 0.0, "chat": None, "prompt": None, "draft": EVAL_DRAFTS}
 
 
 EPILOG = """\

@@ -186,6 +186,16 @@ class Int4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
 
 
+def to_device(model: nn.Module, device) -> nn.Module:
+    """An int4 copy made on the host, on `device`: every Int4Linear's codes packed again for the device's kernel
+    (the CPU's packing is not CUDA's), the rest moved as is. The halves stay on the host (fastdecode's, CPU only)."""
+    device = torch.device(device)
+    for module in model.modules():
+        if isinstance(module, Int4Linear) and module.packed.device != device and module.halves is not None:
+            module.packed = pack_codes(join_halves(module.halves).to(device))
+    return model.to(device)
+
+
 def _linears(model: nn.Module, head: bool = False):
     """(name, module) of every layer matrix to quantize. The lm_head stays bfloat16 unless `head`: its
     error lands on the logits directly (measured on SmolLM2-135M: a 4-bit head makes the draft about 20% cheaper
@@ -245,19 +255,28 @@ def _shape(module: nn.Module) -> tuple[int, int]:
     return module.in_features, module.out_features
 
 
-def check_int4_supported(model: nn.Module, device, group_size: int = GROUP_SIZE, head: bool = False) -> None:
-    """Raise SpecviewError (one line) if `model` cannot run as an int4 copy on `device`."""
+def device_problem(device) -> str | None:
+    """Why @int4 cannot run on `device` (one line), or None: known before any model is loaded. MPS has a
+    _weight_int4pack_mm too, but its packing has not been checked against this module's on a Mac: not enabled."""
     device = torch.device(device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise SpecviewError("@int4 has no kernel for device cuda here: CUDA is not available in this torch")
+            return "@int4 has no kernel for device cuda here: CUDA is not available in this torch"
         major, minor = torch.cuda.get_device_capability(device)
         if major < 8:  # tinygemm uses bfloat16 tensor cores
-            raise SpecviewError(f"@int4 has no kernel for device cuda here: needs compute capability 8.0+, "
-                                f"got {major}.{minor}")
+            return f"@int4 has no kernel for device cuda here: needs compute capability 8.0+, got {major}.{minor}"
     elif device.type != "cpu":
-        raise SpecviewError(f"@int4 has no kernel for device {device.type} here: torch's int4 matmul runs on "
-                            "CPU and CUDA (8.0+) only; use --device cpu")
+        return (f"@int4 has no kernel for device {device.type} here: torch's int4 matmul runs on CPU and CUDA (8.0+) "
+                "only; use --device cpu or another --draft")
+    return None
+
+
+def check_int4_supported(model: nn.Module, device, group_size: int = GROUP_SIZE, head: bool = False) -> None:
+    """Raise SpecviewError (one line) if `model` cannot run as an int4 copy on `device`."""
+    device = torch.device(device)
+    problem = device_problem(device)
+    if problem:
+        raise SpecviewError(problem)
     if group_size not in GROUP_SIZES:
         raise SpecviewError(f"int4 group size {group_size} is not supported: use one of {GROUP_SIZES}")
     tile = N_MULTIPLE[device.type]

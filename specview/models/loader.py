@@ -319,9 +319,12 @@ def load_model(spec: str, device: torch.device, loaded: dict | None = None, *, c
     model = base
     if src.int4:
         from specview.models.int4 import check_int4_supported
+        from specview.models.int4 import to_device as int4_to_device
 
         check_int4_supported(base, device, head=src.int4_head)  # one line naming the layer or the device
-        model = _int4_copy(base.to(device), src, cache)
+        # Quantized where the base is (on the host, unless a target of the same source moved it already), then
+        # moved: the full-precision base never goes to the device for a draft's sake.
+        model = int4_to_device(_int4_copy(base, src, cache), device)
     elif src.dtype is not None and src.dtype != next(base.parameters()).dtype:
         model = cast_copy(base, src.dtype)
     model = model.to(device)

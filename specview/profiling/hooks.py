@@ -3,8 +3,8 @@ their time to a PhaseTimer as the nested phase `layernorm`.
 
 The timer attributes each call to the top-level phase open at that moment (draft or verify), so one
 model object shared by target and draft is still split correctly. On CUDA a host clock around a
-kernel launch measures the launch, not the work: there the hooks record CUDA events instead, which
-the timer resolves once per step. On MPS they synchronise around the module.
+kernel launch measures the launch, not the work: there, and on MPS, the hooks record device events instead
+(torch.cuda.Event, torch.mps.event.Event), which the timer resolves once per step.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from specview.engine.phase_timer import PhaseTimer
+from specview.engine.phase_timer import PhaseTimer, device_event
 
 NORM_TYPES = (torch.nn.LayerNorm, torch.nn.RMSNorm, torch.nn.GroupNorm)
 NORM_SUFFIXES = ("LayerNorm", "RMSNorm", "RmsNorm", "Norm")  # LlamaRMSNorm, T5LayerNorm, GemmaRMSNorm, ...
@@ -73,32 +73,20 @@ class NormHooks:
         clock = time.perf_counter
         start: list = [0.0, None]  # host start, device start event; norms never nest (outermost only)
 
-        if timer.device.type == "cuda":
+        if timer.device.type in ("cuda", "mps"):  # device events, resolved once per step (no sync per norm)
 
             def pre(module, args):
                 if timer.enabled:
-                    start[1] = torch.cuda.Event(enable_timing=True)
+                    start[1] = device_event(timer.device)
                     start[1].record()
                     start[0] = clock()
 
             def post(module, args, output):
                 if timer.enabled and start[1] is not None:
-                    end = torch.cuda.Event(enable_timing=True)
+                    end = device_event(timer.device)
                     end.record()
                     timer.nested_device(name, start[1], end, start[0], clock())
                     start[1] = None
-
-        elif timer.device.type == "mps":
-
-            def pre(module, args):
-                if timer.enabled:
-                    torch.mps.synchronize()
-                    start[0] = clock()
-
-            def post(module, args, output):
-                if timer.enabled:
-                    torch.mps.synchronize()
-                    timer.nested(name, start[0], clock())
 
         else:
 

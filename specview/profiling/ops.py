@@ -68,8 +68,14 @@ def _quiet_kineto():
 
 
 def top_operators(events, cuda: bool = False, limit: int = TOP_OPS) -> dict:
-    """Self time per operator, split by the outermost phase label around it (draft, verify, ...)."""
+    """Self time per operator, split by the outermost phase label around it (draft, verify, ...).
+
+    On CUDA (`cuda`): each CPU operator's self device time (the kernels it launched); the kernel events themselves
+    carry the same time and are passed over (they were counted twice). A phase's time there is the device time of
+    the operators under its label, so a share divides device time by device time (the label's span is host time:
+    launches, not work)."""
     phase_ms = {name: 0.0 for name in MEASURED_PHASES}
+    device_phase_ms = {name: 0.0 for name in MEASURED_PHASES}
     per_op: dict[str, dict] = {}
     outer_cache: dict[int, str | None] = {}
 
@@ -95,6 +101,8 @@ def top_operators(events, cuda: bool = False, limit: int = TOP_OPS) -> dict:
             if ev.name in phase_ms and outer_phase(ev) is None:
                 phase_ms[ev.name] += ev.cpu_time_total / 1000
             continue
+        if cuda and getattr(ev, "device_type", torch.autograd.DeviceType.CPU) != torch.autograd.DeviceType.CPU:
+            continue  # a kernel: its time is its launching operator's self device time already
         self_ms = (ev.self_device_time_total if cuda else ev.self_cpu_time_total) / 1000
         if self_ms <= 0:
             continue
@@ -106,6 +114,9 @@ def top_operators(events, cuda: bool = False, limit: int = TOP_OPS) -> dict:
         phase = outer_phase(ev)
         if phase:
             op[f"{phase}_ms"] += self_ms
+            device_phase_ms[phase] += self_ms
+    if cuda:
+        phase_ms = device_phase_ms
     top = sorted(per_op.values(), key=lambda o: -o["self_ms"])[:limit]
     for op in top:
         op["share"] = op["self_ms"] / total if total else None

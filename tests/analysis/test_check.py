@@ -210,3 +210,29 @@ def test_the_prompt_sets():
 
     assert load_prompts("quick", "my prompt") == ["my prompt", *QUICK_PROMPTS]
     assert load_prompts("builtin", "my prompt") == [p.text for p in eval_set("builtin")]  # eval's set, one home
+
+
+def test_check_runs_to_its_verdict_under_device_rules(capsys, spread_pair):
+    """`check` as on a device (tests/support/device_rules.py): the device walk, no float64 anywhere (MPS: its
+    .double() calls failed), the chi-square's counts and the target's law on the host (CUDA: CPU counts indexed
+    with a device mask failed; the harness cannot see devices mix, so that rests on reading the host lists)."""
+    from device_rules import DeviceRules
+
+    with DeviceRules():
+        code, out, err = check(capsys, spread_pair, "--samples", "300", "-N", "8")
+    assert code == 0, out + err
+    assert last_line(out).startswith("result=pass drafters=1 greedy_same=4/4") and "distribution_p=" in last_line(out)
+
+
+def test_the_chi_square_takes_host_lists():
+    p = [0.5, 0.3, 0.15, 0.05, 0.0]
+    draws = [0] * 100 + [1] * 60 + [2] * 30 + [3] * 10
+    assert chi_square(draws, p)[:3] == chi_square(draws, torch.tensor(p, dtype=torch.float64))[:3]
+
+
+def test_the_chi_square_tail_against_torch():
+    for dof in (1, 3, 10, 29):
+        for x in (0.1, 2.0, 9.0, 40.0, 150.0):
+            exact = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                                  torch.tensor(x / 2, dtype=torch.float64)))
+            assert chi_square_tail(x, dof) == pytest.approx(exact, rel=1e-12, abs=1e-300)

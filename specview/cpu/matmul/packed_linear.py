@@ -385,10 +385,14 @@ def install(model: torch.nn.Module, pack: bool = True) -> None:
     use: for a model whose forwards run fastdecode's (which packs its own fused matrices), these copies would
     cost a start its packing time and a whole copy of the weights' memory for nothing."""
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and wanted(module.weight.dtype, tuple(module.weight.shape)):
+        # A module on a device never runs these kernels: judged before `wanted`, whose first call for a dtype and
+        # shape times the kernels on the CPU (seconds, and host memory, for a GPU model's matrices).
+        if not isinstance(module, torch.nn.Linear) or module.weight.device.type != "cpu":
+            continue
+        if wanted(module.weight.dtype, tuple(module.weight.shape)):
             if "forward" not in module.__dict__:
                 module.forward = types.MethodType(_forward, module)
-            if pack and module.weight.device.type == "cpu":
+            if pack:
                 _packed_weight(module)
 
 
