@@ -143,3 +143,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for line in unexpected:
         terminalreporter.write_line(f"unexpected skip (fails the run, tests/conftest.py EXPECTED_SKIPS): {line}",
                                     red=True)
+
+
+@pytest.fixture(autouse=True)
+def _originals_back():
+    """A test that settles a compiled forward on a shared (session) model releases that model's originals (one copy
+    of each weight, cpu/forward/one_copy.py); a later test may read the model through transformers' forward, so they
+    come back after every test. The installed forwards stay: they read their copies, which are untouched."""
+    yield
+    from specview.cpu.forward import one_copy
+
+    for model in list(one_copy._released.keys()):
+        one_copy.restore(model)

@@ -198,28 +198,36 @@ def chi_square_conditional(observations) -> tuple[float | None, float | None, in
     drawn from it). Bin r holds the tokens that were the r-th likeliest of their law, and expects the sum of those
     laws' r-th largest probabilities; the bins are the ranks expected at least 5 times (at most MAX_BINS) plus a
     tail bin. With one law (chi_square) the bins are its likeliest tokens. (None, None, ..) without power."""
-    expected = torch.zeros(MAX_BINS + 1, dtype=torch.float64)  # the last: every rank past MAX_BINS
-    observed = torch.zeros(MAX_BINS + 1, dtype=torch.float64)
+    # Host arithmetic in Python floats: no float64 tensor (MPS has none), a device's law read once (tolist).
+    expected = [0.0] * (MAX_BINS + 1)  # the last: every rank past MAX_BINS
+    observed = [0] * (MAX_BINS + 1)
     m, impossible = 0, 0
     for law, tokens in observations:
-        law = torch.as_tensor(law).detach().to("cpu").double()  # on the host: MPS has no float64
-        values, order = torch.sort(law, descending=True, stable=True)
+        if isinstance(law, torch.Tensor):
+            probs, ranked = law.tolist(), law.detach().to("cpu")
+        else:
+            probs = list(law)
+            ranked = torch.tensor(probs)
+        order = torch.argsort(ranked, descending=True, stable=True)
+        top = [probs[t] for t in order[:MAX_BINS].tolist()]
+        n = len(tokens)
+        for r, value in enumerate(top):
+            expected[r] += n * value
+        expected[MAX_BINS] += n * max(0.0, math.fsum(probs) - math.fsum(top))
         rank_of = torch.empty_like(order)
         rank_of[order] = torch.arange(order.shape[0])
-        top = values[:MAX_BINS]
-        expected[: top.shape[0]] += len(tokens) * top
-        expected[MAX_BINS] += len(tokens) * float(values[MAX_BINS:].sum())
-        ids = torch.tensor(tokens, dtype=torch.long)
-        impossible += int((law[ids] == 0).sum())
-        observed += torch.bincount(rank_of[ids].clamp(max=MAX_BINS), minlength=MAX_BINS + 1).double()
-        m += len(tokens)
+        impossible += sum(1 for t in tokens if probs[t] == 0)
+        for r in rank_of[torch.tensor(tokens, dtype=torch.long)].clamp(max=MAX_BINS).tolist():
+            observed[r] += 1
+        m += n
     if not m:
         return None, None, 0, "nothing to test; "
     if impossible:
         return float("inf"), 0.0, 0, f"{impossible} draws of tokens the target gives probability 0"
-    expected *= m / float(expected.sum())  # each law sums to 1 up to float rounding
+    scale = m / math.fsum(expected)  # each law sums to 1 up to float rounding
+    expected = [e * scale for e in expected]
     bins = [r for r in range(MAX_BINS) if float(expected[r]) >= MIN_EXPECTED]
-    while bins and m - float(expected[bins].sum()) < MIN_EXPECTED and len(bins) > 1:
+    while bins and m - math.fsum(expected[r] for r in bins) < MIN_EXPECTED and len(bins) > 1:
         bins.pop()  # the tail must expect 5 draws too: it takes the smallest bin
     want = [float(expected[r]) for r in bins]
     got = [float(observed[r]) for r in bins]

@@ -317,7 +317,8 @@ def test_drafters_of_one_spec_share_its_model_and_every_model_is_prepared(gpt2_p
 
     prepared = []
     real_prepare = fast_path.prepare
-    monkeypatch.setattr(fast_path, "prepare", lambda lm, mode, say=None: prepared.append(lm.model) or real_prepare(lm, mode))
+    monkeypatch.setattr(fast_path, "prepare", lambda lm, mode, say=None, **kw: prepared.append(lm.model)
+                        or real_prepare(lm, mode, **kw))
     target, draft = gpt2_paths
     spec = f"{draft}@bfloat16"  # a derived model (a cast copy, like an @int4 copy): made anew by each load
     session = _session((target, f"{spec},{spec};tree:b=2,d=2"))

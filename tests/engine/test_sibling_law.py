@@ -67,7 +67,8 @@ def reported_laws(q: torch.Tensor, draw: tuple[int, ...], cfg, monkeypatch) -> l
     drafter.shape = split_tree(f"x;tree:b={len(draw)},d=1")[1]
     tokens = iter(draw)
     monkeypatch.setattr(tree, "sample", lambda law, generator, greedy=False: torch.tensor(next(tokens)))
-    children = list(drafter._children(q, fake_decoder(cfg), deterministic=False))
+    # known: for a sampled node, how many tokens have mass (the last of them leaves none to draw the next from)
+    children = list(drafter._children(q, int((q > 0).sum()), fake_decoder(cfg), deterministic=False))
     assert [int(token) for token, _, _ in children] == list(draw)
     return [law for _, law, _ in children]
 
@@ -154,8 +155,8 @@ def test_later_siblings_reported_with_the_unrenormalised_q_are_caught(cfg_name, 
     cfg = CASES[cfg_name]
     real = TreeDrafter._children
 
-    def unrenormalised(self, q, dec, deterministic):  # drawn without replacement, reported as if drawn from q
-        for token, _, prob in real(self, q, dec, deterministic):
+    def unrenormalised(self, q, known, dec, deterministic):  # drawn without replacement, reported as drawn from q
+        for token, _, prob in real(self, q, known, dec, deterministic):
             yield token, q, prob
 
     monkeypatch.setattr(TreeDrafter, "_children", unrenormalised)
