@@ -67,3 +67,21 @@ class Backend:
 
     def close(self) -> None:
         """The app is gone (a child process ends; in-process, nothing to do)."""
+
+
+class RemoteBackend(Backend):
+    """A backend whose engine runs elsewhere (a child process, a server): it counts its run's steps from the records
+    it receives."""
+
+    def __init__(self, target: str, draft: str, k: int, temperature: float):
+        super().__init__(target, draft, k, temperature)
+        self.steps = 0  # completed steps of the current run
+        self.run_done = False
+
+    @property
+    def done(self) -> bool:
+        return self.run_done
+
+    @property
+    def steps_done(self) -> int:
+        return self.steps

@@ -40,14 +40,12 @@ from specview.core.errors import SpecviewError
 from specview.core.files import write_json_atomic
 from specview.core.policies import parse_policies
 from specview.core.settings import Settings
-from specview.core.stopping import Stop, Stopped
+from specview.core.stopping import Stop, Stopped, run_stoppable
 from specview.session import memory_line, open_session
 
 
 def bench_command(args) -> int:
-    stop = Stop()
-    with stop.on_signals():
-        return _bench(args, stop)
+    return run_stoppable(_bench, args)
 
 
 def _bench(args, stop: Stop) -> int:

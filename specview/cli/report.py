@@ -81,3 +81,11 @@ def _damaged(first: tuple[str, dict], second: tuple[str, dict] | None, err: Exce
                     "was it edited by hand?")
     return (f"{first[0]} and {second[0]} cannot be compared: a value is missing or of the wrong type in one of "
             f"them ({reason})")
+
+
+def parse(argv: list[str]):
+    return build_report_parser().parse_args(argv)
+
+
+def run(args) -> int:
+    return report_command(args)

@@ -18,7 +18,6 @@ from specview.core.metrics import Counts
 from specview.core.palette import LEGEND, ORIGIN_STYLES
 from specview.core.settings import Settings
 from specview.core.stopping import Stop
-from specview.session import memory_line, open_session, start_event
 
 
 def token_origins(step: StepResult, method: str) -> list[str]:
@@ -65,7 +64,19 @@ def summary_table(summaries: list[RunSummary], method: str) -> Table:
     return table
 
 
+def parse(argv: list[str]):
+    from specview.core.options import build_run_parser
+
+    return build_run_parser().parse_args(argv)
+
+
+def run(args) -> int:
+    return run_command(args)
+
+
 def run_command(args) -> int:
+    from specview.session import memory_line, open_session, start_event  # torch: after the parse
+
     settings = Settings.from_args(args)
     to_stdout = args.jsonl == "-"
     console = Console(stderr=to_stdout, highlight=False)

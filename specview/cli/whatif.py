@@ -149,3 +149,11 @@ def whatif_command(args) -> int:
         write_json_atomic(args.json, plain(doc), indent=1)
         Console(stderr=True).print(f"written: {args.json}", soft_wrap=True)
     return 0
+
+
+def parse(argv: list[str]):
+    return build_whatif_parser().parse_args(argv)
+
+
+def run(args) -> int:
+    return whatif_command(args)

@@ -87,3 +87,10 @@ class Stop:
             yield
         finally:
             self._immediate -= 1
+
+
+def run_stoppable(command, args) -> int:
+    """command(args, stop), a signal meanwhile turned into `stop` (which its loops look at between steps)."""
+    stop = Stop()
+    with stop.on_signals():
+        return command(args, stop)

@@ -26,7 +26,7 @@ from specview.core.files import ensure_writable_dir, write_json_atomic
 from specview.core.policies import parse_policies
 from specview.core.prompt_sets import BUILTIN, Prompt, load_prompts
 from specview.core.settings import Settings
-from specview.core.stopping import Stop
+from specview.core.stopping import Stop, run_stoppable
 from specview.drafters.specs import kind as drafter_kind
 from specview.drafters.specs import split_specs
 from specview.engine.drafter import context_holders
@@ -45,9 +45,7 @@ WARMUP_TOKENS = 8  # each method's first forwards pay one-time costs (kernel cho
 
 
 def eval_command(args) -> int:
-    stop = Stop()
-    with stop.on_signals():
-        return _eval(args, stop)
+    return run_stoppable(_eval, args)
 
 
 def _eval(args, stop: Stop) -> int:

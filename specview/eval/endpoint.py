@@ -19,10 +19,11 @@ from specview.core.events import nonfinite_to_none
 from specview.core.files import ensure_writable_dir, write_json_atomic
 from specview.core.prompt_sets import Prompt, digest, load_prompts
 from specview.core.settings import K_LIMIT, Settings
-from specview.core.stopping import Stop
+from specview.core.stopping import Stop, run_stoppable
 from specview.engines.endpoint import Completion, Endpoint, probe
+from specview.eval.categories import AUTOREGRESSIVE
 from specview.eval.document import build_doc, check_resume, default_path
-from specview.eval.engine_summary import AUTOREGRESSIVE, ENGINE_POLICY
+from specview.eval.engine_summary import ENGINE_POLICY
 
 WARMUP_TOKENS = 8  # each endpoint's first request pays one-time costs: not timed
 RESUME_FIELDS = ("endpoint", "baseline_endpoint", "drafters", "max_new_tokens", "temperature", "top_k", "top_p",
@@ -30,9 +31,7 @@ RESUME_FIELDS = ("endpoint", "baseline_endpoint", "drafters", "max_new_tokens", 
 
 
 def endpoint_eval(args) -> int:
-    stop = Stop()
-    with stop.on_signals():
-        return _eval(args, stop)
+    return run_stoppable(_eval, args)
 
 
 def _eval(args, stop: Stop) -> int:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from specview.core.events import nonfinite_to_none
 from specview.core.metrics import ratio, speedups_over_baseline
+from specview.eval.categories import baseline_summary
 
-AUTOREGRESSIVE = "autoregressive"
 ENGINE_POLICY = "engine"  # the engine decides how much it drafts: no --draft-policy of ours applies
 
 
@@ -79,17 +79,8 @@ def group_metrics(results: list[dict], baseline: dict[str, dict]) -> dict:
 def summarize(doc: dict) -> dict:
     """{"autoregressive": the baseline endpoint (empty without one), "<engine label>": {"overall", "by_category",
     "drafter", "policy"}}, categories in the order of the prompt set."""
-    category = {p["id"]: p["category"] for p in doc["prompts"]}
-    order = list(dict.fromkeys(p["category"] for p in doc["prompts"]))
     results = doc["results"]
-    baseline = {r["prompt_id"]: r for r in results if r["method"] == AUTOREGRESSIVE}
-
-    def by_category(rs: list[dict], metrics) -> dict:
-        return {c: metrics([r for r in rs if category.get(r["prompt_id"]) == c]) for c in order
-                if any(category.get(r["prompt_id"]) == c for r in rs)}
-
-    ar = list(baseline.values())
-    summary = {AUTOREGRESSIVE: {"overall": baseline_metrics(ar), "by_category": by_category(ar, baseline_metrics)}}
+    baseline, by_category, summary = baseline_summary(doc, baseline_metrics)
     for label in doc["config"]["drafters"]:
         mine = [r for r in results if r["method"] == "speculative" and r["drafter"] == label]
         summary[label] = {"overall": group_metrics(mine, baseline),

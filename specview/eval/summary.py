@@ -9,8 +9,7 @@ from collections.abc import Iterable
 
 from specview.core.events import nonfinite_to_none
 from specview.core.metrics import Counts, cost_model, ratio, speedups_over_baseline
-
-AUTOREGRESSIVE = "autoregressive"  # the summary's key for the baseline (drafter specs key the others)
+from specview.eval.categories import AUTOREGRESSIVE, baseline_summary
 
 
 def policies(config: dict) -> list[str]:
@@ -114,17 +113,8 @@ def summarize(doc: dict) -> dict:
 
         return summarize_endpoint(doc)
     k = doc["config"]["k"]
-    category = {p["id"]: p["category"] for p in doc["prompts"]}
-    order = list(dict.fromkeys(p["category"] for p in doc["prompts"]))
     results = doc["results"]
-    baseline = {r["prompt_id"]: r for r in results if r["method"] == AUTOREGRESSIVE}
-
-    def by_category(rs: list[dict], metrics) -> dict:
-        return {c: metrics([r for r in rs if category.get(r["prompt_id"]) == c]) for c in order
-                if any(category.get(r["prompt_id"]) == c for r in rs)}
-
-    ar = list(baseline.values())
-    summary = {AUTOREGRESSIVE: {"overall": baseline_metrics(ar), "by_category": by_category(ar, baseline_metrics)}}
+    baseline, by_category, summary = baseline_summary(doc, baseline_metrics)
     config = doc["config"]
     for label, spec, policy in variants(config):
         mine = [r for r in results if r["method"] == "speculative" and r["drafter"] == spec

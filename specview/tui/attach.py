@@ -20,7 +20,7 @@ import threading
 
 import httpx
 
-from specview.backend.base import Backend
+from specview.backend.base import RemoteBackend
 from specview.backend.views import RunInfo, SessionInfo, StepView, step_view
 from specview.core.errors import SpecviewError
 from specview.serve.client import iter_sse
@@ -30,7 +30,7 @@ BACKOFF_S = (0.5, 1, 2, 4, 8)  # waits between retries after a dropped connectio
 POLL_S = 0.2  # how often a waiting step() looks whether the app is leaving
 
 
-class AttachBackend(Backend):
+class AttachBackend(RemoteBackend):
     def __init__(self, url: str, token: str | None, settings, follow: bool = False):
         super().__init__(settings.target, settings.draft, settings.k, settings.temperature)
         self.url = url.rstrip("/")
@@ -113,14 +113,6 @@ class AttachBackend(Backend):
         if len(self.drafters) > 1:
             self.draft = self.drafters[(self.drafters.index(self.draft) + 1) % len(self.drafters)]
         return self.draft
-
-    @property
-    def done(self) -> bool:
-        return self.run_done
-
-    @property
-    def steps_done(self) -> int:
-        return self.steps
 
     def _save(self, final: bool) -> str | None:
         if final:

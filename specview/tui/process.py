@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import asdict
 from threading import Thread
 
-from specview.backend.base import Backend
+from specview.backend.base import RemoteBackend
 from specview.backend.views import RunInfo, SessionInfo, StepView, step_view
 from specview.core.errors import SpecviewError, quoted
 
@@ -28,7 +28,7 @@ def _field(record: dict, name: str, kind):
     return value
 
 
-class ProcessBackend(Backend):
+class ProcessBackend(RemoteBackend):
     def __init__(self, settings):
         super().__init__(settings.target, settings.draft, settings.k, settings.temperature)
         self.settings = settings
@@ -119,14 +119,6 @@ class ProcessBackend(Backend):
         with self.lock:
             self.draft = _field(self._ask({"cmd": "next_drafter"}), "spec", str)
         return self.draft
-
-    @property
-    def done(self) -> bool:
-        return self.run_done
-
-    @property
-    def steps_done(self) -> int:
-        return self.steps
 
     def _save(self, final: bool) -> str | None:
         if self.proc is None:
