@@ -83,3 +83,17 @@ def test_a_tied_head_keeps_its_embedding(small_vocab_pair, monkeypatch):
     runner.release_originals()
     assert embedding.stride(-1) == 1 and embedding.untyped_storage().nbytes() == embedding.numel() * 4
     llama_forward.uninstall(lm.model)
+
+
+def test_calling_the_model_itself_brings_its_originals_back(small_llama_pair, monkeypatch):
+    """transformers' forward on a model whose originals were released (bench's transformers peer, a test's
+    reference): a pre-hook rebuilds them first, so it never reads a stand-in."""
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")
+    lm = fresh(small_llama_pair[0])
+    want = hf_logits(lm, PROMPT)
+    runner = llama_forward.install(lm.model, compiled=False)
+    assert runner.release_originals() > 0
+    torch.testing.assert_close(hf_logits(lm, PROMPT), want, rtol=0, atol=0)
+    assert not one_copy.released(lm.model)
+    torch.testing.assert_close(fast_logits(runner, PROMPT), fast_logits(runner, PROMPT))  # the forward still runs
+    llama_forward.uninstall(lm.model)

@@ -2,8 +2,9 @@
 layout, thin's panels) wherever there is one, for one row and for several; the model's own parameter then serves
 only transformers' forward. So once a model's forward is settled, release() swaps each such parameter (and a fused
 matrix the modules were views of) for a one-element stand-in of the same shape, and restore() rebuilds the
-originals from the copies, exactly, the moment transformers' forward is wanted again (the forward uninstalled: a
-new --compile choice, a probe, a layer-skip view over the model).
+originals from the copies, exactly, the moment transformers' forward is wanted again: the forward uninstalled (a new
+--compile choice, a probe), or the model called as a module (bench's transformers peer, a reference in the tests):
+a pre-hook on the model restores them first, so no caller ever reads a stand-in.
 
 What keeps its original, and why:
 - a matrix with no copy (F.linear or the compiled reduce read it), or an MLAS copy (its session holds the bytes
@@ -41,6 +42,7 @@ class _Released:
 
 
 _released: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> [_Released]
+_hooks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its restoring forward pre-hook
 
 
 def stand_in(shape, dtype) -> torch.Tensor:
@@ -73,6 +75,8 @@ def release(model: torch.nn.Module, pieces: list) -> tuple[list, int]:
             module.weight.data = stand_in(param.shape, param.dtype)
         freed += weight.untyped_storage().nbytes()
         _released.setdefault(model, []).append(record)
+        if model not in _hooks:  # transformers' forward called on the model: its originals come back first
+            _hooks[model] = model.register_forward_pre_hook(lambda module, args: restore(module))
         out.append(("dense", stand_in(weight.shape, weight.dtype), w[2], w[3], True))
     return out, freed
 
@@ -80,6 +84,9 @@ def release(model: torch.nn.Module, pieces: list) -> tuple[list, int]:
 def restore(model: torch.nn.Module) -> None:
     """Every released original back, rebuilt from its copy (the same values, bit for bit), the fused modules views of
     one matrix again."""
+    hook = _hooks.pop(model, None)
+    if hook is not None:
+        hook.remove()
     for record in _released.pop(model, []):
         dense = _unpack(record).contiguous()
         for owner in record.owners:
