@@ -60,7 +60,7 @@ class Decoder:
         self.cost_curve = cost_curve  # metrics.CostCurve of this machine, if calibrated: goodput prices on it
         self.device = target.device
         self.placed = placed_devices(target.model)  # --device-map: every device the target's layers sit on
-        install_linears(target.model)
+        fast_path.install_linears(target.model)  # packed matmuls for transformers' forward
         self.drafter = ModelDrafter(draft) if isinstance(draft, LoadedModel) else draft
         # One generator seeded once: runs follow each other on it, so R runs are R independent samples.
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -81,7 +81,7 @@ class Decoder:
         self._drafter = drafter
         lm = getattr(drafter, "lm", None)
         if lm is not None:
-            install_linears(lm.model)
+            fast_path.install_linears(lm.model)
         self.vocab = vocab_limit(self.target, lm)  # logits sliced to what both models and the tokenizer share
         if not devices.on_host(self.device) and self.vocab >= devices.FLOAT32_EXACT_INTS:
             raise SpecviewError(f"a vocabulary of {self.vocab} tokens: on {self.device} the step's decision is "
@@ -130,11 +130,6 @@ class Decoder:
         # A model spread over devices (--device-map) returns its logits on its last one (a copy between devices
         # that need not wait for the host).
         return out.logits[0, :, : self.vocab].to(self.device, non_blocking=True)
-
-
-def install_linears(model) -> None:
-    """Packed-weight matmuls for transformers' forward of `model` (cpu/fast_path.py)."""
-    fast_path.install_linears(model)
 
 
 def tree_arguments(model, positions: torch.Tensor, allowed: torch.Tensor) -> dict:

@@ -32,12 +32,12 @@ GPT-2's layer functions). Others run transformers' forward.
 
 from __future__ import annotations
 
-import time
 import weakref
 
 import torch
 import torch.nn.functional as F
 
+from specview.cpu.forward.norm_model import time_norms
 from specview.cpu.forward.static_kv import StaticKV
 from specview.cpu.forward.weights import fuse, head_weight, linear_weight
 from specview.cpu.matmul.packed_linear import kernel_of, product
@@ -314,7 +314,7 @@ class FastForward:
         them). Timed once per row count and kept; the profile names the source (meta.phase_sources)."""
         cached = self._norm_ms.get(rows)
         if cached is None:
-            cached = self._norm_ms[rows] = _time_norms(self.norms(), rows, self.eps)
+            cached = self._norm_ms[rows] = time_norms(self.norms(), rows, self.eps, rms_norm)
         return cached
 
     def release_originals(self) -> int:
@@ -324,14 +324,13 @@ class FastForward:
         from specview.cpu.matmul import packed_linear
 
         packed_linear.drop_packs(self.model_ref())  # transformers' forward's copies: it reads none of them now
-        dense = []
-        for entry in [*(e for layer in self.layers for e in layer.values()), self.lm_head]:
-            _dense_tuples(entry, dense)
+        dense = [w for w in self.products() if w[0] == "dense"]
         swapped, freed = one_copy.release(self.model_ref(), dense)
         new = {id(old): w for old, w in zip(dense, swapped) if w is not old}
         if new:
-            self.layers = [{name: _swap(entry, new) for name, entry in layer.items()} for layer in self.layers]
-            self.lm_head = _swap(self.lm_head, new)
+            self.layers = [{name: one_copy.swapped(entry, new) for name, entry in layer.items()}
+                           for layer in self.layers]
+            self.lm_head = one_copy.swapped(self.lm_head, new)
             self._bound.clear()  # bound calls hold the old tuples' tensors
             for fns in [*self._one_row_fns.values(), self.fns_rows]:
                 for fn in (fns.attn_in, fns.attn_out, fns.head, fns.layer):
@@ -496,40 +495,6 @@ def _functions(backend: str, eager: _Fns, rows: bool = False) -> _Fns:
 # ---- which models run it ----
 
 _runners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> FastForward
-
-
-@torch.inference_mode()
-def _time_norms(norms: list, rows: int, eps: float, repeats: int = 3) -> float:
-    """Milliseconds for one pass over `norms` at `rows` rows: the best of a few passes after a warm one."""
-    weight = norms[0][0]
-    x = torch.randn(rows, weight.shape[-1], dtype=weight.dtype)
-    best = float("inf")
-    for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        for norm in norms:
-            if len(norm) == 2:
-                F.layer_norm(x, (x.shape[-1],), norm[0], norm[1], eps)
-            else:
-                rms_norm(x, norm[0], eps)
-        if i:
-            best = min(best, time.perf_counter() - t0)
-    return best * 1000
-
-
-def _dense_tuples(entry, out: list) -> None:
-    if isinstance(entry, tuple) and entry and entry[0] == "dense":
-        out.append(entry)
-    elif isinstance(entry, tuple) and entry and entry[0] in ("fused", "split"):
-        for part in entry[1:]:
-            _dense_tuples(part, out)
-
-
-def _swap(entry, new: dict):
-    if isinstance(entry, tuple) and entry and entry[0] == "dense":
-        return new.get(id(entry), entry)
-    if isinstance(entry, tuple) and entry and entry[0] in ("fused", "split"):
-        return (entry[0], *(_swap(part, new) for part in entry[1:]))
-    return entry
 
 
 def install(model, compiled: bool, gemv: str | None = None, family: type = FastForward) -> FastForward:

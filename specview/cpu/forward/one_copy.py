@@ -128,3 +128,13 @@ def _is_conv1d(module) -> bool:
 
 def _is_linear(module) -> bool:
     return module is not None and (isinstance(module, torch.nn.Linear) or _is_conv1d(module))
+
+
+def swapped(entry, new: dict):
+    """A runner's weight entry with the dense tuples release() swapped (`new`: id(old) -> new), fused and split
+    entries rebuilt around them."""
+    if isinstance(entry, tuple) and entry and entry[0] == "dense":
+        return new.get(id(entry), entry)
+    if isinstance(entry, tuple) and entry and entry[0] in ("fused", "split"):
+        return (entry[0], *(swapped(part, new) for part in entry[1:]))
+    return entry
