@@ -2,8 +2,9 @@
 builds (or loads) the engine's own forward, probes it, and settles the verdict; the engine takes it between two
 steps (fast_path.take_ready, engine/decoder.py's Run.step), moving its KV caches over.
 
-The runner itself is made on the caller's thread (it lays the model's matrices out and packs their copies while no
-forward runs); the thread only builds its compiled functions and times them, reading the weights. Each function
+Only the layout is made on the caller's thread (the model's matrices fused in place while no forward runs); the
+thread chooses each product's kernel and packs its copy, builds the compiled functions and times them, reading the
+weights the session's forward reads too. Each function
 built is kept on disk at once (aot_compile.py, under a lock), so a process that ends first leaves its finished
 functions to the next, and two processes never build the same one twice.
 
@@ -31,18 +32,28 @@ class Build:
 
 _builds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> Build not taken yet
 _lock = threading.Lock()
+# Builds run one at a time: beside a running session on a few cores, two builds at once only slow each other and
+# the session, and each probe times its candidates more fairly alone; the kernel probes and native builds they share
+# (packed_linear, thin_kernels) are then never entered by two threads at once.
+_one_at_a_time = threading.Lock()
 
 
-def start(model, spec: str, runner, work, one_copy: bool) -> None:
-    """Build `model`'s forward on a thread: `work(progress)` -> (choice, runner or None), `runner` the one it builds."""
-    build = Build(spec, runner, one_copy)
+def start(model, spec: str, work, one_copy: bool) -> None:
+    """Build `model`'s forward on a thread: `work(progress)` -> (choice, runner or None)."""
+    build = Build(spec, None, one_copy)
 
     def progress(message: str) -> None:
         build.status = message
 
     def run() -> None:
         try:
-            build.choice, build.runner = work(progress)
+            if not _one_at_a_time.acquire(blocking=False):
+                progress("waiting for another model's build")
+                _one_at_a_time.acquire()
+            try:
+                build.choice, build.runner = work(progress)
+            finally:
+                _one_at_a_time.release()
         except BaseException as err:  # noqa: BLE001 - the session goes on as it is, and says why
             build.runner, build.error = None, f"{type(err).__name__}: {err}"
         finally:
@@ -52,12 +63,6 @@ def start(model, spec: str, runner, work, one_copy: bool) -> None:
     with _lock:
         _builds[model] = build
     threading.Thread(target=run, name=f"specview build {spec}", daemon=True).start()
-
-
-def runner_of(model):
-    """The runner a background build of `model` made on the caller's thread (its thread builds this one)."""
-    build = _builds.get(model)
-    return None if build is None else build.runner
 
 
 def pending() -> bool:

@@ -85,11 +85,10 @@ def prepare(lm, mode: str, say=lambda msg: None, one_copy: bool = True, backgrou
     it between two steps (take_ready). bench and calibrate measure, so they wait."""
     if background and mode == "auto" and _first_time(lm):
         llama.uninstall(lm.model)
-        # Made here, on the caller's thread: it lays the model's own matrices out (fused views, GPT-2's Conv1D) while
-        # no forward runs; the build's thread only builds and times it.
-        runner = _family(lm.model)[0](lm.model, True, "mm")
-        builds.start(lm.model, lm.spec, runner, lambda progress: _decide(lm, "auto", progress, background=True),
-                     one_copy)
+        # Laid out here, on the caller's thread, while no forward runs (it swaps parameters for views of fused
+        # matrices); the build's thread chooses and packs each product's kernel, builds the functions and times them.
+        _family(lm.model)[0].lay_out(lm.model)
+        builds.start(lm.model, lm.spec, lambda progress: _decide(lm, "auto", progress, background=True), one_copy)
         say(f"{lm.spec}: building the compiled forward in the background; the run starts on transformers' forward")
         return ForwardChoice("eager", "the compiled forward is being built in the background: taken between steps "
                                       "when ready", building=True)
@@ -152,7 +151,8 @@ def _decide(lm, mode: str, say, background: bool = False) -> tuple[ForwardChoice
     else:
         say(f"compiling {lm.spec}'s one-row forward (inductor; cached on disk after the first time)")
     t0 = time.perf_counter()
-    runner = builds.runner_of(model) or family(model, True, "mm")  # a background build's: made on the caller's thread
+    say(f"choosing the kernel of each of {lm.spec}'s products (timed once on a machine)")
+    runner = family(model, True, "mm")
     try:
         runner.set_one_row(one_row_kernel(model, runner, say))
         _warm(runner)

@@ -39,7 +39,7 @@ def start_build(lm, runner=None) -> threading.Event:
         gate.wait()
         return fast_path.ForwardChoice("compiled", "a stand-in build"), runner
 
-    builds.start(lm.model, lm.spec, runner, work, one_copy=one_copy)
+    builds.start(lm.model, lm.spec, work, one_copy=one_copy)
     return gate
 
 

@@ -97,3 +97,27 @@ def test_calling_the_model_itself_brings_its_originals_back(small_llama_pair, mo
     assert not one_copy.released(lm.model)
     torch.testing.assert_close(fast_logits(runner, PROMPT), fast_logits(runner, PROMPT))  # the forward still runs
     llama_forward.uninstall(lm.model)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_laid_out_model_gives_its_runner_the_same_matrices(small_llama_pair, small_vocab_pair, monkeypatch,
+                                                             family):
+    """A background build lays the model out on the caller's thread and makes its runner on another: the runner must
+    find that layout (the modules' storage), not stack a second copy of q/k/v and gate/up, nor swap a parameter
+    under a forward running meanwhile."""
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")  # no packed copies: the runner reads the model's own storage
+    lm = fresh(small_llama_pair[0] if family == "llama" else small_vocab_pair[0])
+    kind = llama_forward.FastForward if family == "llama" else GPT2Forward
+    before = originals(lm.model)
+    want = hf_logits(lm, PROMPT)
+    kind.lay_out(lm.model)
+    held = weights_mb(lm.model)
+    params = {name: p.data_ptr() for name, p in lm.model.named_parameters()}
+    runner = kind(lm.model, compiled=False)
+    assert {name: p.data_ptr() for name, p in lm.model.named_parameters()} == params  # nothing swapped
+    assert weights_mb(lm.model) == pytest.approx(held, abs=1e-3)  # and nothing copied
+    storages = {p.untyped_storage().data_ptr() for p in lm.model.parameters()}
+    assert {w[1].untyped_storage().data_ptr() for w in runner.products()} <= storages
+    for name, value in before.items():
+        assert torch.equal(dict(lm.model.named_parameters())[name], value), name
+    torch.testing.assert_close(fast_logits(runner, PROMPT), want, rtol=1e-4, atol=1e-4)

@@ -70,10 +70,14 @@ def _conv1d(module, one_row: bool = True):
     view of it, which Conv1D's addmm takes as well), so the model holds one copy, not two (gpt2-xl: 6 GB)."""
     if type(module).__name__ == "Int4Linear":
         return linear_weight(module)
-    weight = module.weight.detach()
-    if weight.is_contiguous():  # [in, out] as transformers made it: lay it out as [out, in] once
-        module.weight.data = weight.t().contiguous().t()
+    _lay_out_conv1d(module)
     return dense(module.weight.detach().t(), module.bias, one_row)
+
+
+def _lay_out_conv1d(module) -> None:
+    weight = module.weight.detach()
+    if type(module).__name__ == "Conv1D" and weight.is_contiguous():  # [in, out] as transformers made it
+        module.weight.data = weight.t().contiguous().t()
 
 
 class GPT2Forward(FastForward):
@@ -83,6 +87,13 @@ class GPT2Forward(FastForward):
         self.head_dim = cfg.n_embd // cfg.n_head
         self.eps = cfg.layer_norm_epsilon
         self.approximate = ACTIVATIONS[cfg.activation_function]
+
+    @staticmethod
+    def lay_out(model) -> None:
+        """Each Conv1D's storage laid out [out, in] (FastForward.lay_out: on the caller's thread)."""
+        for block in model.transformer.h:
+            for module in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj):
+                _lay_out_conv1d(module)
 
     def _gather_model(self, model) -> None:
         self.layers = [{

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from specview.cpu.forward.norm_model import time_norms
 from specview.cpu.forward.static_kv import StaticKV
-from specview.cpu.forward.weights import fuse, head_weight, linear_weight
+from specview.cpu.forward.weights import fuse, fuse_in_place, head_weight, linear_weight
 from specview.cpu.matmul.packed_linear import kernel_of, product
 
 FAMILIES = ("llama", "mistral", "qwen2")
@@ -200,6 +200,17 @@ class FastForward:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.inter = cfg.intermediate_size
         self.eps = cfg.rms_norm_eps
+
+    @staticmethod
+    def lay_out(model) -> None:
+        """The model's own matrices laid out as a runner reads them: q/k/v and gate/up each one matrix, the modules
+        views of it. A background build does this on the caller's thread, while no forward runs (it swaps
+        parameters), and makes the runner on its own thread, which then finds the layout made."""
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            for group in ((attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)):
+                if not any(type(m).__name__ == "Int4Linear" for m in group):
+                    fuse_in_place(*group)
 
     def _gather_model(self, model) -> None:
         self.layers = [self._gather(layer) for layer in model.model.layers]

@@ -71,17 +71,42 @@ def fuse(*modules, one_row: bool = True):
     fuse_int4)."""
     if any(type(m).__name__ == "Int4Linear" for m in modules):
         return fuse_int4(modules)
-    weights = [m.weight.detach() for m in modules]
     biases = [m.bias for m in modules]
     bias = None if all(b is None for b in biases) else torch.cat(
-        [b.detach() if b is not None else torch.zeros(w.shape[0], dtype=w.dtype) for b, w in zip(biases, weights)])
+        [b.detach() if b is not None else torch.zeros(m.weight.shape[0], dtype=m.weight.dtype)
+         for b, m in zip(biases, modules)])
+    return ("fused", dense(fuse_in_place(*modules), bias, one_row))
+
+
+def fuse_in_place(*modules) -> torch.Tensor:
+    """The one matrix of `modules`' stacked weights, their parameters made views of it (one copy, not two): made
+    once, and found again on a later call (a background build lays the model out on the caller's thread, while no
+    forward runs, and builds its runner on a thread of its own from the same matrix)."""
+    weights = [m.weight.detach() for m in modules]
+    stacked = _stacked(weights)
+    if stacked is not None:
+        return stacked
     fused = torch.cat(weights)
     offset = 0
-    for module, weight in zip(modules, weights):  # the modules become views of the fused matrix: one copy, not two
+    for module, weight in zip(modules, weights):
         if weight.device == fused.device:
             module.weight.data = fused[offset: offset + weight.shape[0]]
         offset += weight.shape[0]
-    return ("fused", dense(fused, bias, one_row))
+    return fused
+
+
+def _stacked(weights: list[torch.Tensor]) -> torch.Tensor | None:
+    """The contiguous matrix `weights` are consecutive row blocks of (fuse_in_place's), or None."""
+    first = weights[0]
+    if not all(w.is_contiguous() and w.dim() == 2 and w.shape[1] == first.shape[1] and w.dtype == first.dtype
+               and w.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() for w in weights):
+        return None
+    offset = first.storage_offset()
+    for w in weights:
+        if w.storage_offset() != offset:
+            return None
+        offset += w.numel()
+    return first.as_strided((sum(w.shape[0] for w in weights), first.shape[1]), (first.shape[1], 1))
 
 
 def fuse_int4(modules):
