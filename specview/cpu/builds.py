@@ -14,6 +14,9 @@ built); one_copy releases the originals at the switch.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -36,6 +39,7 @@ _lock = threading.Lock()
 # the session, and each probe times its candidates more fairly alone; the kernel probes and native builds they share
 # (packed_linear, thin_kernels) are then never entered by two threads at once.
 _one_at_a_time = threading.Lock()
+BUILD_NICENESS = 10  # added to the session's nice value: below every step it runs, above an idle task
 
 
 def start(model, spec: str, work, one_copy: bool) -> None:
@@ -46,6 +50,7 @@ def start(model, spec: str, work, one_copy: bool) -> None:
         build.status = message
 
     def run() -> None:
+        _yield_to_the_session()
         try:
             if not _one_at_a_time.acquire(blocking=False):
                 progress("waiting for another model's build")
@@ -63,6 +68,17 @@ def start(model, spec: str, work, one_copy: bool) -> None:
     with _lock:
         _builds[model] = build
     threading.Thread(target=run, name=f"specview build {spec}", daemon=True).start()
+
+
+def _yield_to_the_session() -> None:
+    """Lower this thread's scheduling priority (Linux: a nice value is a thread's own, and the threads and
+    processes it starts, its OpenMP team and the compiler's workers, inherit it): on a machine with few cores the
+    session's steps then get the cores when they want them, and the build takes what is left, instead of both
+    thrashing. Not on other systems (there the whole process would yield)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            me = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + BUILD_NICENESS))
 
 
 def pending() -> bool:

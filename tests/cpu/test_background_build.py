@@ -4,6 +4,8 @@ across the switch. The build here is a stand-in whose end the test decides (the 
 compiler), so every switch happens at a known step."""
 
 import copy
+import os
+import sys
 import threading
 
 import numpy as np
@@ -148,3 +150,22 @@ def test_the_status_line_says_building_then_where_the_switch_was(pair):
     assert forward_label(views[:2]) == "forward building…"
     assert forward_label(views) == "compiled from step 3"
     assert forward_label([StepView(s) for s in greedy(target, draft, None)[1]]) == ""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
+def test_a_build_runs_below_the_session(small_vocab_pair):
+    """On a machine with few cores the build yields to the session's steps: its thread (and what it starts)
+    runs at a lower priority than the thread that started it."""
+    lm = fresh(small_vocab_pair[0])
+    seen = {}
+
+    def work(progress):
+        seen["build"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return fast_path.ForwardChoice("eager", "a stand-in build"), None
+
+    session = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    builds.start(lm.model, lm.spec, work, one_copy=False)
+    assert builds.wait(lm.model, timeout=60)
+    assert builds.finished(lm.model) is not None
+    assert seen["build"] == min(19, session + builds.BUILD_NICENESS)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == session  # the session's own is untouched
