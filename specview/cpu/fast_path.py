@@ -38,6 +38,7 @@ from specview.core import host
 from specview.core.errors import SpecviewError
 from specview.cpu import builds
 from specview.cpu.forward import aot_compile, gpt2, llama
+from specview.cpu.forward.one_copy import restore as restore_originals
 from specview.cpu.matmul import onnx_mlas, packed_linear, thin_kernels
 
 MODES = ("auto", "on", "off")
@@ -92,7 +93,7 @@ def prepare(lm, mode: str, say=lambda msg: None, one_copy: bool = True, backgrou
         say(f"{lm.spec}: building the compiled forward in the background; the run starts on transformers' forward")
         return ForwardChoice("eager", "the compiled forward is being built in the background: taken between steps "
                                       "when ready", building=True)
-    choice, runner = _decide(lm, mode, say)
+    choice, runner = _decide(lm, mode, say, release_as_made=one_copy)
     if runner is not None:
         llama.register(lm.model, runner)
         if one_copy:
@@ -122,9 +123,12 @@ def take_ready(model) -> ForwardChoice | None:
     return build.choice
 
 
-def _decide(lm, mode: str, say, background: bool = False) -> tuple[ForwardChoice, object]:
+def _decide(lm, mode: str, say, background: bool = False, release_as_made: bool = False
+            ) -> tuple[ForwardChoice, object]:
     """(the choice, the compiled runner to install or None). The runner is not installed here: a background build
-    hands it over between steps."""
+    hands it over between steps. `release_as_made`: the runner releases each layer's originals as it makes its
+    copies, so the model is never held twice (never in a background build: its session runs transformers' forward
+    on the originals meanwhile)."""
     if mode not in MODES:
         raise SpecviewError(f"--compile {mode}: use auto, on or off")
     model = lm.model
@@ -152,11 +156,12 @@ def _decide(lm, mode: str, say, background: bool = False) -> tuple[ForwardChoice
         say(f"compiling {lm.spec}'s one-row forward (inductor; cached on disk after the first time)")
     t0 = time.perf_counter()
     say(f"choosing the kernel of each of {lm.spec}'s products (timed once on a machine)")
-    runner = family(model, True, "mm")
+    runner = family(model, True, "mm", release_as_made=release_as_made)
     try:
         runner.set_one_row(one_row_kernel(model, runner, say))
         _warm(runner)
     except Exception as err:  # noqa: BLE001 - a build that fails (the compiler, export) must not stop the run
+        restore_originals(model)  # transformers' forward runs: the originals the runner released come back
         why = f"the compiled forward could not be built: {type(err).__name__}: {str(err).splitlines()[0][:160]}"
         if mode == "on":
             raise SpecviewError(f"--compile on: {lm.spec}: {why} (use --compile auto or off)") from err
@@ -184,6 +189,7 @@ def _decide(lm, mode: str, say, background: bool = False) -> tuple[ForwardChoice
                        "one_row": runner.gemv, "head": head, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         host.store_cached(CHOICE_FILE, cached)
     if choice == "eager":
+        restore_originals(model)  # (the probe's call of transformers' forward restored them already, by its hook)
         return ForwardChoice("eager", why), None
     packed_linear.drop_packs(model)  # the probe's packs for transformers' forward, which the compiled one never reads
     return ForwardChoice("compiled", f"{why}; {how}", pieces, compile_s), runner
@@ -220,6 +226,7 @@ def _probe_forward(lm, runner, rounds: int = 7) -> tuple[float, float]:
     """Median one-token forward, compiled against transformers' (with fastlinear), interleaved."""
     from transformers import DynamicCache
 
+    restore_originals(lm.model)  # transformers' forward and its packs read the originals (released as made)
     packed_linear.install(lm.model)
     prefix = torch.zeros(1, 16, dtype=torch.long)
     static = runner.new_cache()

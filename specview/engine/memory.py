@@ -64,7 +64,8 @@ def weights_mb(model: torch.nn.Module) -> float:
     the copies the CPU fast path holds for it (cpu/fast_path.py: packed, fused or re-laid-out weights)."""
     seen: set[int] = set()
     total = 0
-    for tensor in [*model.parameters(), *model.buffers()]:
+    halves = [m.halves for m in model.modules() if isinstance(getattr(m, "halves", None), torch.Tensor)]
+    for tensor in [*model.parameters(), *model.buffers(), *halves]:  # an int4 layer's halves: not a buffer (int4.py)
         total += _storage_bytes(tensor, seen)
     from specview.cpu.fast_path import held_tensors
 

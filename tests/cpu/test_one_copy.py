@@ -8,11 +8,13 @@ import pytest
 import torch
 from test_compiled import PROMPT, fast_logits, hf_logits
 
+import tiny
 from specview.cpu.forward import llama as llama_forward
 from specview.cpu.forward import one_copy
 from specview.cpu.forward.gpt2 import GPT2Forward
 from specview.cpu.matmul import packed_linear, thin_kernels
 from specview.engine.memory import weights_mb
+from specview.models.int4 import int4_copy
 from specview.models.loader import LoadedModel
 
 KERNELS = ["1", pytest.param("thin", marks=pytest.mark.skipif(
@@ -121,3 +123,78 @@ def test_a_laid_out_model_gives_its_runner_the_same_matrices(small_llama_pair, s
     for name, value in before.items():
         assert torch.equal(dict(lm.model.named_parameters())[name], value), name
     torch.testing.assert_close(fast_logits(runner, PROMPT), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(thin_kernels.int4_unavailable_reason() is not None,
+                    reason=f"thin int4 kernel: {thin_kernels.int4_unavailable_reason()}")
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_an_int4_forward_on_thin_holds_its_codes_once(monkeypatch, family):
+    """An int4 layer keeps torch's packing and the halves; thinmm's kernel reads its own layout (fused q/k/v and
+    gate/up: stacks of both besides). Once the forward runs thin, only thin's copy stays, and uninstalling gives
+    torch's packing and the halves back bit for bit."""
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")  # every int4 product whose shape it takes runs thin
+    model = tiny.make_model(family, 32, seed=4)  # a vocabulary of 32: the int4 head fits the kernel's blocks
+    lm = LoadedModel("tiny@int4+head", int4_copy(model, head=True), tiny.make_tokenizer(32), torch.device("cpu"),
+                     torch.bfloat16, 128)
+    layers = {name: m for name, m in lm.model.named_modules() if type(m).__name__ == "Int4Linear"}
+    before = {name: (m.packed.clone(), m.halves.clone()) for name, m in layers.items()}
+    want = hf_logits(lm, PROMPT)
+    runner = llama_forward.install(lm.model, compiled=False,
+                                   family=llama_forward.FastForward if family == "llama" else GPT2Forward)
+    on_thin = [w for w in runner.products() if w[0] == "int4" and w[6] is not None]
+    assert len(on_thin) == len(runner.products())  # every product, the head's too
+    held = weights_mb(lm.model)
+    got = fast_logits(runner, PROMPT)
+    freed = runner.release_originals()
+    assert freed > 0 and one_copy.released(lm.model)
+    assert weights_mb(lm.model) == pytest.approx(held - freed / 2**20, abs=1e-3)
+    released = [name for name, m in layers.items() if m.packed.stride() == (0, 0)]
+    assert len(released) >= 4 and all(layers[name].halves.stride() == (0, 0) for name in released)
+    torch.testing.assert_close(fast_logits(runner, PROMPT), got, rtol=0, atol=0)  # thin's copy alone serves
+    llama_forward.uninstall(lm.model)
+    assert not one_copy.released(lm.model)
+    for name, (packed, halves) in before.items():
+        assert torch.equal(layers[name].packed, packed) and torch.equal(layers[name].halves, halves), name
+    torch.testing.assert_close(hf_logits(lm, PROMPT), want, rtol=0, atol=0)
+
+
+def held_bytes(model, runner) -> int:
+    """The model's parameters and buffers and the runner's weights, each storage once."""
+    storages = {}
+    for tensor in [*model.parameters(), *model.buffers(), *(t for w in runner.products() for t in w[1:]
+                                                             if isinstance(t, torch.Tensor))]:
+        storage = tensor.untyped_storage() if not tensor.is_mkldnn else None
+        key, size = (storage.data_ptr(), storage.nbytes()) if storage is not None else (id(tensor), tensor.numel() * 4)
+        storages[key] = size
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_start_releases_each_layer_as_its_copies_are_made(small_llama_pair, small_vocab_pair, monkeypatch, family):
+    """Where no other forward reads the model meanwhile, a start never holds it twice: each layer's originals go as
+    soon as its copies are made, and the forward computes what it computes with the originals kept."""
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")  # a copy of every matrix: without the rule, twice the model
+    kind = llama_forward.FastForward if family == "llama" else GPT2Forward
+    lm = fresh(small_llama_pair[0] if family == "llama" else small_vocab_pair[0])
+    kept = fresh(lm)
+    kept_runner = kind(kept.model, compiled=False)
+    want = fast_logits(kept_runner, PROMPT)
+    twice = held_bytes(kept.model, kept_runner)  # the originals and every copy
+    blocks = lm.model.model.layers if family == "llama" else lm.model.transformer.h
+    one_layer = max(sum(p.untyped_storage().nbytes() for p in block.parameters()) for block in blocks)
+    seen, add_layer = [], kind._add_layer
+
+    def counted(self, weights):
+        add_layer(self, weights)
+        seen.append(held_bytes(self.model_ref(), self))
+
+    monkeypatch.setattr(kind, "_add_layer", counted)
+    runner = kind(lm.model, compiled=False, release_as_made=True)
+    assert one_copy.released(lm.model) and len(seen) == len(blocks) + 1
+    once = held_bytes(lm.model, runner)
+    assert once < twice - one_layer  # (the rule has something to show)
+    assert max(seen) <= once + one_layer  # never more than one layer's originals beside the copies
+    torch.testing.assert_close(fast_logits(runner, PROMPT), want, rtol=0, atol=0)
+    one_copy.restore(lm.model)
+    assert not one_copy.released(lm.model)
+    torch.testing.assert_close(hf_logits(lm, PROMPT), hf_logits(kept, PROMPT), rtol=0, atol=0)

@@ -184,6 +184,8 @@ def test_pack_int4_lays_out_each_rows_codes_and_scales_as_the_kernel_reads_them(
     assert torch.equal(scales[1, 1, 1], scales_and_zeros[1, 16:32, 1])  # ...and group 1's zeros
     with pytest.raises(ValueError, match="multiple of 16"):
         thin_kernels.pack_int4(codes[:24], scales_and_zeros[:, :24])
+    packed = thin_kernels.pack_int4(codes, torch.zeros(18, 960, 2, dtype=torch.bfloat16))[0]
+    assert torch.equal(thin_kernels.unpack_int4_codes(packed), codes)  # one copy's way back to the codes
 
 
 @needs_int4

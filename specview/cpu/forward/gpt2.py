@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specview.cpu.forward.llama import FastForward, _Fns, attend, linear
+from specview.cpu.forward.llama import FastForward, _Fns, attend, linear, owned
+from specview.cpu.forward.one_copy import drop_pages
 from specview.cpu.forward.weights import dense, linear_weight
 
 ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
@@ -78,6 +79,7 @@ def _lay_out_conv1d(module) -> None:
     weight = module.weight.detach()
     if type(module).__name__ == "Conv1D" and weight.is_contiguous():  # [in, out] as transformers made it
         module.weight.data = weight.t().contiguous().t()
+        drop_pages(weight)  # the [in, out] bytes, where a file mapping holds them
 
 
 class GPT2Forward(FastForward):
@@ -96,16 +98,28 @@ class GPT2Forward(FastForward):
                 _lay_out_conv1d(module)
 
     def _gather_model(self, model) -> None:
-        self.layers = [{
-            "ln1": (block.ln_1.weight, block.ln_1.bias), "ln2": (block.ln_2.weight, block.ln_2.bias),
-            "qkv": _conv1d(block.attn.c_attn, self.one_row_packed), "o": _conv1d(block.attn.c_proj, self.one_row_packed),
-            "fc": _conv1d(block.mlp.c_fc, self.one_row_packed), "proj": _conv1d(block.mlp.c_proj, self.one_row_packed),
-        } for block in model.transformer.h]
+        self.layers = []
+        for block in model.transformer.h:
+            self._add_layer({
+                "ln1": (block.ln_1.weight, block.ln_1.bias), "ln2": (block.ln_2.weight, block.ln_2.bias),
+                "qkv": _conv1d(block.attn.c_attn, self.one_row_packed),
+                "o": _conv1d(block.attn.c_proj, self.one_row_packed),
+                "fc": _conv1d(block.mlp.c_fc, self.one_row_packed),
+                "proj": _conv1d(block.mlp.c_proj, self.one_row_packed),
+            })
         self.final_norm = (model.transformer.ln_f.weight, model.transformer.ln_f.bias)
         self.lm_head = linear_weight(model.lm_head, self.one_row_packed)
+        self._add_layer(None)
 
     def _eager_functions(self) -> _Fns:
         return _EAGER
+
+    def owners(self, model) -> list:
+        out = []
+        for block, w in zip(model.transformer.h, self.layers):
+            out += owned(w["qkv"], [block.attn.c_attn]) + owned(w["o"], [block.attn.c_proj])
+            out += owned(w["fc"], [block.mlp.c_fc]) + owned(w["proj"], [block.mlp.c_proj])
+        return out + (owned(self.lm_head, [model.lm_head]) if self.lm_head is not None else [])
 
     def _embed(self, model, ids: torch.Tensor, positions: torch.Tensor):
         return model.transformer.wte(ids) + model.transformer.wpe(positions), ()

@@ -165,12 +165,26 @@ def layer(h, norm1, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_d
     return attn_out(h, attn, o, norm2, eps, gate_up, down, inter, gemv)
 
 
+def owned(entry, modules: list) -> list:
+    """A layer's weight entry and its modules as (tuple, modules) pairs: a fused tuple holds them all, a split
+    entry one each."""
+    if entry[0] == "fused":
+        return [(entry[1], modules)]
+    if entry[0] == "split":
+        return [(part, [module]) for part, module in zip(entry[1:], modules)]
+    return [(entry, modules)]
+
+
 class FastForward:
     """The fast forward of one model: its weights gathered once (q/k/v and gate/up fused into one matrix
     each: a copy, the same memory price as fastlinear's packed copy), its functions eager or compiled."""
 
-    def __init__(self, model, compiled: bool, gemv: str = "mm"):
+    def __init__(self, model, compiled: bool, gemv: str = "mm", release_as_made: bool = False):
+        """`release_as_made`: each layer's originals are released (release_originals) as soon as its copies are
+        made, so a start never holds the whole model twice. Only where no other forward reads the model meanwhile
+        (a background build's session does)."""
         self.model_ref = weakref.ref(model)
+        self.release_as_made = release_as_made
         self._read_config(model)
         self.scale = self.head_dim ** -0.5
         self.dtype = model.get_input_embeddings().weight.dtype
@@ -184,6 +198,7 @@ class FastForward:
         self.one_row_packed = True
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # _rotary's cos, sin by position
         self._bound: dict = {}  # (id(fns), gemv, positional, masked) -> _bound_layers' calls
+        self.layers, self.lm_head = [], None
         self._gather_model(model)
         from specview.cpu.forward import aot_compile
 
@@ -213,9 +228,19 @@ class FastForward:
                     fuse_in_place(*group)
 
     def _gather_model(self, model) -> None:
-        self.layers = [self._gather(layer) for layer in model.model.layers]
+        self.layers = []
+        for layer in model.model.layers:
+            self._add_layer(self._gather(layer))
         self.final_norm = model.model.norm.weight
         self.lm_head = head_weight(model.lm_head, self.one_row_packed)
+        self._add_layer(None)
+
+    def _add_layer(self, weights: dict | None) -> None:
+        """A layer's weights gathered (None: the head, after the last), its originals released at once where asked."""
+        if weights is not None:
+            self.layers.append(weights)
+        if self.release_as_made:
+            self.release_originals()
 
     def _eager_functions(self) -> _Fns:
         return _EAGER
@@ -305,7 +330,7 @@ class FastForward:
             for entry in layer.values():  # norms are tensors or (weight, bias): their first item is no kind
                 if isinstance(entry, tuple) and entry and isinstance(entry[0], str):
                     out.extend(entry[1:] if entry[0] in ("fused", "split") else [entry])
-        return [*out, self.lm_head]
+        return out + ([self.lm_head] if self.lm_head is not None else [])  # None while the layers are gathered
 
     def norms(self) -> list:
         """Every norm of a forward, in its order: (weight,) for an RMSNorm, (weight, bias) for a LayerNorm."""
@@ -332,21 +357,29 @@ class FastForward:
         """One copy of each weight (cpu/forward/one_copy.py): the originals its copies replace are released, their
         tuples given stand-ins. -> bytes released. llama.uninstall() restores them."""
         from specview.cpu.forward import one_copy
-        from specview.cpu.matmul import packed_linear
 
-        packed_linear.drop_packs(self.model_ref())  # transformers' forward's copies: it reads none of them now
-        dense = [w for w in self.products() if w[0] == "dense"]
-        swapped, freed = one_copy.release(self.model_ref(), dense)
-        new = {id(old): w for old, w in zip(dense, swapped) if w is not old}
-        if new:
-            self.layers = [{name: one_copy.swapped(entry, new) for name, entry in layer.items()}
-                           for layer in self.layers]
-            self.lm_head = one_copy.swapped(self.lm_head, new)
-            self._bound.clear()  # bound calls hold the old tuples' tensors
-            for fns in [*self._one_row_fns.values(), self.fns_rows]:
-                for fn in (fns.attn_in, fns.attn_out, fns.head, fns.layer):
-                    getattr(fn, "_flat_tuples", {}).clear()
-        return freed
+        return one_copy.release_runner(self, self.model_ref())
+
+    def swap_weights(self, new: dict) -> None:
+        """Each weight tuple `new` names (id(old) -> new tuple) swapped in, fused and split entries rebuilt."""
+        from specview.cpu.forward.one_copy import swapped
+
+        self.layers = [{name: swapped(entry, new) for name, entry in layer.items()} for layer in self.layers]
+        self.lm_head = swapped(self.lm_head, new)
+        self._bound.clear()  # bound calls hold the old tuples' tensors
+        functions = [*self._one_row_fns.values(), self.fns_rows] if hasattr(self, "fns_rows") else []  # once made
+        for fns in functions:
+            for fn in (fns.attn_in, fns.attn_out, fns.head, fns.layer):
+                getattr(fn, "_flat_tuples", {}).clear()
+
+    def owners(self, model) -> list:
+        """(weight tuple, the modules whose rows it holds, in order) for every product: one_copy.release_int4's."""
+        out = []
+        for layer, w in zip(model.model.layers, self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            out += owned(w["qkv"], [attn.q_proj, attn.k_proj, attn.v_proj]) + owned(w["o"], [attn.o_proj])
+            out += owned(w["gate_up"], [mlp.gate_proj, mlp.up_proj]) + owned(w["down"], [mlp.down_proj])
+        return out + (owned(self.lm_head, [model.lm_head]) if self.lm_head is not None else [])
 
     def new_cache(self) -> StaticKV:
         return StaticKV(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype)

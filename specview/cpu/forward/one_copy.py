@@ -6,11 +6,17 @@ originals from the copies, exactly, the moment transformers' forward is wanted a
 --compile choice, a probe), or the model called as a module (bench's transformers peer, a reference in the tests):
 a pre-hook on the model restores them first, so no caller ever reads a stand-in.
 
+An int4 layer (models/int4.py's Int4Linear) holds its codes twice, torch's packing (its forward's) and the
+halves (the codes two to a byte, which fused and device copies are made from), and a forward on thinmm's int4
+kernel holds a third, that kernel's layout (fused q/k/v and gate/up: a fourth and fifth, their stacked packing and
+halves). Where thinmm's kernel runs a product, release_int4() keeps its copy alone; restore() unpacks the codes
+from it and packs torch's layout and the halves again, exactly.
+
 What keeps its original, and why:
 - a matrix with no copy (F.linear or the compiled reduce read it), or an MLAS copy (its session holds the bytes
   in a form nothing reads back);
 - a matrix some other module reads too: a head tied to the embedding (the embedding looks rows up in it);
-- int4 layers (their codes are the only copy already).
+- an int4 layer on torch's int4 kernel (its packing is the copy the forward reads).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specview.core import os_memory
 from specview.cpu.matmul.packed_linear import kernel_of
 
 RESTORABLE = ("packed", "thin")  # copies whose original comes back exactly (oneDNN's reorder, thin's panels)
@@ -41,13 +48,36 @@ class _Released:
     owners: list[_Owner]
 
 
-_released: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> [_Released]
+@dataclass
+class _ReleasedInt4:
+    thin_codes: torch.Tensor  # thinmm's layout of the (fused) matrix's codes: unpacked again by restore()
+    owners: list[tuple[torch.nn.Module, int, int]]  # (Int4Linear, first row, rows) of the matrix
+
+
+_released: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> [_Released | _ReleasedInt4]
 _hooks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its restoring forward pre-hook
 
 
 def stand_in(shape, dtype) -> torch.Tensor:
     """A tensor of `shape` holding one element (every stride 0): where nothing reads the values, only the shape."""
     return torch.zeros(1, dtype=dtype).expand(*shape)
+
+
+def release_runner(runner, model: torch.nn.Module) -> int:
+    """Release what `runner`'s copies replace (release, release_int4) and give it the stand-in tuples. -> bytes."""
+    from specview.cpu.matmul import packed_linear
+
+    packed_linear.drop_packs(model)  # transformers' forward's copies: it reads none of them now
+    dense = [w for w in runner.products() if w[0] == "dense"]
+    kept, freed = release(model, dense)
+    new = {id(old): w for old, w in zip(dense, kept) if w is not old}
+    int4 = [(w, modules) for w, modules in runner.owners(model) if w[0] == "int4"]
+    kept, freed_int4 = release_int4(model, int4)
+    new.update({id(old): w for (old, _), w in zip(int4, kept) if w is not old})
+    if new:
+        runner.swap_weights(new)
+        os_memory.trim_heap()
+    return freed + freed_int4
 
 
 def release(model: torch.nn.Module, pieces: list) -> tuple[list, int]:
@@ -74,11 +104,60 @@ def release(model: torch.nn.Module, pieces: list) -> tuple[list, int]:
             record.owners.append(_Owner(module, offset, rows, transposed))
             module.weight.data = stand_in(param.shape, param.dtype)
         freed += weight.untyped_storage().nbytes()
-        _released.setdefault(model, []).append(record)
-        if model not in _hooks:  # transformers' forward called on the model: its originals come back first
-            _hooks[model] = model.register_forward_pre_hook(lambda module, args: restore(module))
+        drop_pages(weight)
+        _keep(model, record)
         out.append(("dense", stand_in(weight.shape, weight.dtype), w[2], w[3], True))
     return out, freed
+
+
+def release_int4(model: torch.nn.Module, pieces: list) -> tuple[list, int]:
+    """`pieces`: (the forward's int4 tuple, the Int4Linear modules whose rows it stacks, in order). -> (the tuples
+    with torch's packing and the halves swapped for stand-ins, the bytes released). Only where thinmm's copy runs
+    every product of the tuple (its `thin` is set) and every module is a CPU Int4Linear."""
+    out, freed, seen = [], 0, set()
+    for w, modules in pieces:
+        _, packed, scales, group, bias, halves, thin = w
+        if (thin is None or halves is None or _is_stand_in(halves)
+                or not all(_is_int4(m) and m.halves is not None for m in modules)):
+            out.append(w)
+            continue
+        record = _ReleasedInt4(thin[0], [])
+        first = 0
+        for module in modules:
+            record.owners.append((module, first, module.out_features))
+            first += module.out_features
+            for tensor in (module.packed, module.halves):
+                freed += _bytes_once(tensor, seen)
+                drop_pages(tensor)
+            module.packed = stand_in(module.packed.shape, module.packed.dtype)
+            module.halves = stand_in(module.halves.shape, module.halves.dtype)
+        for tensor in (packed, halves):  # a fused tuple's own stacks (a single layer's are its module's, counted)
+            freed += _bytes_once(tensor, seen)
+        _keep(model, record)
+        out.append(("int4", stand_in(packed.shape, packed.dtype), scales, group, bias,
+                    stand_in(halves.shape, halves.dtype), thin))
+    return out, freed
+
+
+def _keep(model, record) -> None:
+    _released.setdefault(model, []).append(record)
+    if model not in _hooks:  # transformers' forward called on the model: its originals come back first
+        _hooks[model] = model.register_forward_pre_hook(lambda module, args: restore(module))
+
+
+def drop_pages(tensor: torch.Tensor) -> None:
+    """A released original loaded from a safetensors file lives in the file's mapping, which the model's other
+    tensors keep: its pages go back to the system now (core/os_memory.py; nothing where it is not such a mapping)."""
+    storage = tensor.untyped_storage()
+    os_memory.drop_file_pages(storage.data_ptr(), storage.nbytes())
+
+
+def _bytes_once(tensor: torch.Tensor, seen: set[int]) -> int:
+    key = tensor.untyped_storage().data_ptr()
+    if key in seen:
+        return 0
+    seen.add(key)
+    return tensor.untyped_storage().nbytes()
 
 
 def restore(model: torch.nn.Module) -> None:
@@ -88,10 +167,23 @@ def restore(model: torch.nn.Module) -> None:
     if hook is not None:
         hook.remove()
     for record in _released.pop(model, []):
+        if isinstance(record, _ReleasedInt4):
+            _restore_int4(record)
+            continue
         dense = _unpack(record).contiguous()
         for owner in record.owners:
             view = dense[owner.offset: owner.offset + owner.rows]
             owner.module.weight.data = view.t() if owner.transposed else view
+
+
+def _restore_int4(record: _ReleasedInt4) -> None:
+    from specview.cpu.matmul import thin_kernels
+    from specview.models.int4 import pack_codes, split_halves
+
+    codes = thin_kernels.unpack_int4_codes(record.thin_codes).to(torch.int32)
+    for module, first, rows in record.owners:
+        mine = codes[first: first + rows]
+        module.packed, module.halves = pack_codes(mine), split_halves(mine)
 
 
 def released(model: torch.nn.Module) -> bool:
@@ -122,6 +214,14 @@ def _users_by_storage(model) -> dict[int, list]:
     return users
 
 
+def _is_stand_in(tensor: torch.Tensor) -> bool:
+    return tensor.dim() > 0 and tensor.numel() > 1 and all(stride == 0 for stride in tensor.stride())
+
+
+def _is_int4(module) -> bool:
+    return type(module).__name__ == "Int4Linear"
+
+
 def _is_conv1d(module) -> bool:
     return type(module).__name__ == "Conv1D"
 
@@ -131,9 +231,9 @@ def _is_linear(module) -> bool:
 
 
 def swapped(entry, new: dict):
-    """A runner's weight entry with the dense tuples release() swapped (`new`: id(old) -> new), fused and split
+    """A runner's weight entry with the dense and int4 tuples release() and release_int4() swapped (`new`: id(old) -> new), fused and split
     entries rebuilt around them."""
-    if isinstance(entry, tuple) and entry and entry[0] == "dense":
+    if isinstance(entry, tuple) and entry and entry[0] in ("dense", "int4"):
         return new.get(id(entry), entry)
     if isinstance(entry, tuple) and entry and entry[0] in ("fused", "split"):
         return (entry[0], *(swapped(part, new) for part in entry[1:]))

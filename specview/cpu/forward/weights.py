@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from specview.cpu.forward.one_copy import drop_pages
 from specview.cpu.matmul import packed_linear, thin_kernels
 from specview.models.int4 import join_halves, pack_codes, packed_row_block
 
@@ -30,6 +31,9 @@ def head_weight(module, one_row: bool = True):
             and weight.device.type == "cpu"):  # the kernel is a CPU one (a head offloaded by a device map: as it is)
         codes = thin_kernels.int8_codes(weight)  # None for any weight that is not exactly int8 codes times scales
         if codes is not None and packed_linear.int8_kernel(tuple(weight.shape), one_row) == "int8":
+            # The float32 matrix stays for what else reads it (a tied embedding looks a few rows up a step): the pages
+            # the check read go back where a file mapping holds them, and the rows looked up come back on demand.
+            drop_pages(weight)
             return ("int8", *codes, module.bias)
     return linear_weight(module, one_row)
 
@@ -91,6 +95,7 @@ def fuse_in_place(*modules) -> torch.Tensor:
     for module, weight in zip(modules, weights):
         if weight.device == fused.device:
             module.weight.data = fused[offset: offset + weight.shape[0]]
+            drop_pages(weight)  # the parts' own bytes, where a file mapping holds them: no one reads them now
         offset += weight.shape[0]
     return fused
 

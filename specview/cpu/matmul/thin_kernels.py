@@ -257,6 +257,20 @@ def pack_int4(codes: torch.Tensor, scales_and_zeros: torch.Tensor) -> tuple[torc
     return packed, scales.contiguous()
 
 
+# pack_int4_codes' order: a row's 4 bytes hold, low nibble then high, features 0 2, 4 6, 1 3, 5 7 of its chunk of 8
+_NIBBLE_OF_FEATURE = (0, 4, 1, 5, 2, 6, 3, 7)
+
+
+def unpack_int4_codes(packed: torch.Tensor) -> torch.Tensor:
+    """pack_int4's codes uint8 [N / 16, K / 8, 64] -> the codes uint8 [N, K] they were packed from, exactly (the
+    int4 weight's one copy gives its originals back from it: cpu/forward/one_copy.py)."""
+    blocks, chunks = packed.shape[0], packed.shape[1]
+    pairs = packed.reshape(blocks, chunks, INT4_ROWS, 4)
+    nibbles = torch.stack([pairs & 15, pairs >> 4], dim=-1).reshape(blocks, chunks, INT4_ROWS, 8)
+    codes = nibbles[..., list(_NIBBLE_OF_FEATURE)]  # [blocks, chunks, 16 rows, 8 features]
+    return codes.permute(0, 2, 1, 3).reshape(blocks * INT4_ROWS, chunks * 8).contiguous()
+
+
 def int4_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
     """x [rows, in] (bfloat16 or float32, rounded to bfloat16 as torch's int4 kernel rounds it) times the weight
     (q - 8) * scale + zero in pack_int4's layout, transposed; out in x's dtype."""
