@@ -29,7 +29,7 @@ from specview.engine import accept_rule, token_tree
 from specview.engine import device as devices
 from specview.engine.decision import Decision, ends_in_rejection
 from specview.engine.drafter import ModelDrafter, Proposal, context_holders
-from specview.engine.kv_cache import crop_cache, keep_rows, moved_to, new_cache
+from specview.engine.kv_cache import crop_cache, keep_rows, movable, moved_to, new_cache
 from specview.engine.memory import memory_mb
 from specview.engine.phase_timer import PhaseTimer
 from specview.engine.sampling import probs_from_logits, sample
@@ -222,15 +222,15 @@ class Run:
 
     def _take_built_forwards(self) -> None:
         """Between two steps: a forward built in the background that is ready runs from now on, this run's caches of
-        its model moved over (kv_cache.moved_to). Where a cache cannot move (not transformers' own), the build waits
-        for the next run."""
+        its model moved over (kv_cache.moved_to). Where a cache cannot move (kv_cache.movable: not transformers'
+        own), the build waits for the next run."""
         models = [self.dec.target] + [getattr(d, "lm", None) for d in self._drafters.values()]
         for lm in {id(m.model): m for m in models if m is not None}.values():
             if not fast_path.build_done(lm.model):
                 continue
             caches = [("target", self.target_cache)] if lm is self.dec.target else []
             caches += [(key, self.states[key]) for key, d in self._drafters.items() if getattr(d, "lm", None) is lm]
-            if any(type(cache).__name__ != "DynamicCache" for _, cache in caches):
+            if not all(movable(cache) for _, cache in caches):
                 continue
             fast_path.take_ready(lm.model)
             runner = fast_path.runner_for(lm.model)
