@@ -52,7 +52,6 @@ def build_bench_parser() -> argparse.ArgumentParser:
         description="Time autoregressive, speculative and draft-only decoding (and with --peer hf, "
                     "transformers' generate() and assisted generation; with --peer llamacpp, llama.cpp on the "
                     "same GGUF) side by side on the same prompt.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Bench differs from `run` in one default: --ignore-eos, so every method emits the same number of "
                "tokens. With --temperature 0 every target-distribution method must emit the same tokens, and the "
                "table checks it. `make bench` runs --peer hf --temperature 0 -N 48.\n"

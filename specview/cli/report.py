@@ -32,7 +32,6 @@ def build_report_parser() -> argparse.ArgumentParser:
         prog="specview report",
         description="Render a profile (from `run --profile`, the TUI or bench) or a bench file; "
                     "with two files, compare them side by side.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="FILE may be a folder: its newest profile is shown. The .trace.json beside a profile opens "
                "in https://ui.perfetto.dev, the .speedscope.json in https://www.speedscope.app.",
     )

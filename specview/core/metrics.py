@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 class AcceptanceFigures:
     """The acceptance metrics over counters named accepted, drafted, rejections and per_position_accepted /
-    _drafted: measured (Counts) or expected (whatif.Replay), defined once."""
+    _drafted / _reached: measured (Counts) or expected (whatif.Replay), defined once."""
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -23,6 +23,12 @@ class AcceptanceFigures:
     @property
     def per_position_acceptance(self) -> list[float | None]:
         return [ratio(a, d) for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
+
+    @property
+    def conditional_position_acceptance(self) -> list[float | None]:
+        """P(accept position i+1 | positions 1..i accepted): the draft's own quality at each depth, which
+        the unconditional per-position figure mixes with the chance of getting that far."""
+        return [ratio(a, r) for a, r in zip(self.per_position_accepted, self.per_position_reached)]
 
 
 @dataclass
@@ -112,13 +118,6 @@ class Counts(AcceptanceFigures):
     @property
     def tokens_per_s(self) -> float | None:
         return ratio(self.emitted, self.wall_s)
-
-
-    @property
-    def conditional_position_acceptance(self) -> list[float | None]:
-        """P(accept position i+1 | positions 1..i accepted): the draft's own quality at each depth, which
-        the unconditional per-position figure mixes with the chance of getting that far."""
-        return [ratio(a, r) for a, r in zip(self.per_position_accepted, self.per_position_reached)]
 
     def accepted_length_histogram(self, k: int | None = None) -> list[int]:
         """Steps that accepted exactly 0, 1, .. drafts (index = accepted length), padded to 0..k."""

@@ -12,7 +12,13 @@ DEFAULTS = Settings()
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is ONE line (the contract), with a pointer to --help."""
+    """argparse, but a usage error is ONE line (the contract), with a pointer to --help; a parser with an epilog
+    prints it and its description as written (their lines are wrapped by hand), one without wraps them."""
+
+    def __init__(self, *args, **kwargs):
+        if kwargs.get("epilog"):
+            kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -152,7 +158,7 @@ rejection, blue = bonus token (all K drafts accepted).
 
 def build_tui_parser() -> Parser:
     p = Parser(prog="specview", description="See and measure speculative decoding. With no command: the TUI.",
-               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+               epilog=EPILOG)
     add_run_options(p)
     g = p.add_argument_group("attach (the TUI on a remote `specview serve`)")
     g.add_argument("--attach", metavar="URL", help="watch a `specview serve` at URL (e.g. http://127.0.0.1:5000) "
@@ -165,7 +171,7 @@ def build_tui_parser() -> Parser:
 
 def build_run_parser() -> Parser:
     p = Parser(prog="specview run", description="Headless run: coloured token stream, then a summary.",
-               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+               epilog=EPILOG)
     add_run_options(p)
     g = p.add_argument_group("run")
     g.add_argument("--method", choices=["speculative", "autoregressive"], default="speculative",
@@ -197,7 +203,7 @@ def build_check_parser() -> Parser:
                            "fails, 3 (result=inconclusive) when nothing failed but the distribution test could not "
                            "tell: no power (a near one-token law) or the drafter proposed nothing (the target "
                            "alone); the last line sums it up for scripts.",
-               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+               epilog=EPILOG)
     add_run_options(p)
     g = p.add_argument_group("check")
     g.add_argument("--samples", "-M", default=1000, type=number_type(int, "--samples", lambda v: v >= 20, ">= 20"),
@@ -217,7 +223,7 @@ def build_calibrate_parser():
                description="Measure this machine's cost curve: the target's forward time by rows (1 to 2K+1) and "
                            "each drafter's time per drafted token, fitted and kept per machine; diagnosis, "
                            "report, bench and whatif then predict with it.",
-               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+               epilog=EPILOG)
     add_run_options(p)
     g = p.add_argument_group("calibrate")
     g.add_argument("--repeats", default=9, type=number_type(int, "--repeats", lambda v: v >= 1, ">= 1"),

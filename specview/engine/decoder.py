@@ -25,11 +25,11 @@ from specview.core.events import RunSummary, StepResult
 from specview.core.policies import make_policy, parse_policy
 from specview.core.settings import SamplingConfig
 from specview.cpu import fast_path
+from specview.engine import accept_rule, token_tree
 from specview.engine import device as devices
-from specview.engine import token_tree
 from specview.engine.decision import Decision, ends_in_rejection
 from specview.engine.drafter import ModelDrafter, Proposal, context_holders
-from specview.engine.kv_cache import crop_cache, keep_rows, moved_to, new_cache
+from specview.engine.kv_cache import crop_cache, keep_rows, movable, moved_to, new_cache
 from specview.engine.memory import memory_mb
 from specview.engine.phase_timer import PhaseTimer
 from specview.engine.sampling import probs_from_logits, sample
@@ -142,28 +142,6 @@ def tree_arguments(model, positions: torch.Tensor, allowed: torch.Tensor) -> dic
     return {"attention_mask": mask, "position_ids": positions.view(1, -1)}
 
 
-def accept_test(r: torch.Tensor, px: torch.Tensor, qx: torch.Tensor) -> torch.Tensor:
-    """r < p(x)/q(x), multiplied out (q(x) > 0: x was drawn from q), with r uniform on [0, 1): accept with
-    probability min(1, p/q). Strict, so that p(x) = 0 never keeps x, not even at r = 0 (torch.rand returns an
-    exact 0 once in ~2^24 draws): a token outside the target's top-k / top-p, or where a sibling's running
-    residual is 0, is always rejected (tests/engine/test_accept_rule.py forces r = 0 on every walk)."""
-    return r * qx < px
-
-
-def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """normalize(max(0, p - q)): what to draw from after a rejection. p == q leaves no mass: use p."""
-    residual = (p - q).clamp(min=0)
-    mass = residual.sum()
-    return torch.where(mass > 0, residual / mass.clamp(min=1e-30), p)
-
-
-def sibling_target(residual: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """The law the next sibling of a rejected node is tested against: the running residual, not the
-    target's p (multi-draft recursive rejection sampling, docs/design.md §18; testing it against p is
-    biased, and tests/engine/test_trees.py's power test patches this function to show that it is caught)."""
-    return residual
-
-
 def stopped_by(budget: int, proposal: Proposal | None) -> str:
     """Why a speculative step drafted what it drafted: the whole budget, a p-min cut, or the drafter had
     nothing (more) to propose (n-gram lookup without a match, or a shorter one)."""
@@ -244,15 +222,15 @@ class Run:
 
     def _take_built_forwards(self) -> None:
         """Between two steps: a forward built in the background that is ready runs from now on, this run's caches of
-        its model moved over (kv_cache.moved_to). Where a cache cannot move (not transformers' own), the build waits
-        for the next run."""
+        its model moved over (kv_cache.moved_to). Where a cache cannot move (kv_cache.movable: not transformers'
+        own), the build waits for the next run."""
         models = [self.dec.target] + [getattr(d, "lm", None) for d in self._drafters.values()]
         for lm in {id(m.model): m for m in models if m is not None}.values():
             if not fast_path.build_done(lm.model):
                 continue
             caches = [("target", self.target_cache)] if lm is self.dec.target else []
             caches += [(key, self.states[key]) for key, d in self._drafters.items() if getattr(d, "lm", None) is lm]
-            if any(type(cache).__name__ != "DynamicCache" for _, cache in caches):
+            if not all(movable(cache) for _, cache in caches):
                 continue
             fast_path.take_ready(lm.model)
             runner = fast_path.runner_for(lm.model)
@@ -337,7 +315,7 @@ class Run:
 
     def _decide(self, logits: torch.Tensor, proposal: Proposal | None, host: bool | None = None) -> Decision:
         """The accept test, the residual / bonus draw, all on the device; ONE transfer to the host. (On the CPU the
-        walk runs in Python, _walk_on_host: the same decisions, without every node's residual.)
+        walk runs in Python, accept_rule.walk_on_host: the same decisions, without every node's residual.)
 
         One code path for chains and trees (a chain is a tree whose node j has parent j - 1): the nodes are
         visited in order and a node is tried when its parent is the last node accepted, against the law
@@ -361,67 +339,12 @@ class Run:
             r, matches = torch.rand(n, generator=dec.generator, device=dec.device), None
         if host is None:  # the host walk on the CPU (tests compare both walks with `host`)
             host = devices.on_host(dec.device)
-        walk = self._walk_on_host if host else self._walk_on_device
-        dist, tried, accepted = walk(p, d, q, parents, qx, r, matches)
+        walk = accept_rule.walk_on_host if host else accept_rule.walk_on_device
+        dist, tried, accepted = walk(p, d, q, parents, qx, r, matches, dec.sampling.greedy)
         # The residual's top entries are reported when the walk ended at a rejection only; on the host the walk knows
         # whether it did (a top-k of the whole vocabulary is not free on the CPU, cold after the forward)
         top = not host or ends_in_rejection(tried.tolist(), accepted.nonzero().view(-1).tolist())
         return self._decision(dist, tried, accepted, d, px, qx, r, top=top)
-
-    def _walk_on_device(self, p, d, q, parents, qx, r, matches):
-        """The walk without a branch on a device value: every node's test, residual and selects computed, the
-        outcome kept by torch.where. -> (the law of the extra token, tried [n], accepted [n])."""
-        greedy = self.dec.sampling.greedy
-        current = torch.full((), -1, dtype=torch.long, device=p.device)  # the last node accepted (-1: the root)
-        target = residual = p[0]
-        tried, accepted = [], []
-        for j, parent in enumerate(parents):
-            here = current == parent
-            if greedy:
-                ok = here & matches[j]
-            else:
-                # gather, not target[d[j]]: indexing with a 0-dim device tensor reads it on the host (a sync)
-                ok = here & accept_test(r[j], target.gather(0, d[j: j + 1])[0], qx[j])
-                missed = here & ~ok
-                left = residual_distribution(target, q[j])
-                residual = torch.where(ok, p[j + 1], torch.where(missed, left, residual))
-                target = torch.where(ok, p[j + 1], torch.where(missed, sibling_target(left, p[parent + 1]), target))
-            current = torch.where(ok, j, current)
-            tried.append(here)
-            accepted.append(ok)
-        # After the last acceptance with no child tried, `residual` is that node's row: the bonus distribution.
-        dist = p.index_select(0, (current + 1).view(1))[0] if greedy else residual
-        return dist, torch.stack(tried), torch.stack(accepted)
-
-    def _walk_on_host(self, p, d, q, parents, qx, r, matches):
-        """_walk_on_device when the tensors live on the CPU, where reading a result costs nothing: the same walk in
-        Python, so a residual is computed only where a tried node is rejected. The device walk computes one, and
-        two full-vocabulary selects, for every node whatever happened (several times the host walk's cost for a
-        chain; a 30-node tree pays it 30 times). The same float32 arithmetic on the same
-        numbers: the same decisions, bit for bit (tests/engine/test_engine.py)."""
-        greedy = self.dec.sampling.greedy
-        tokens = d.tolist()
-        matches = matches.tolist() if greedy else None
-        current = -1  # the last node accepted (-1: the root)
-        target = residual = p[0]
-        tried, accepted = [], []
-        for j, parent in enumerate(parents):
-            here = current == parent
-            ok = here and (matches[j] if greedy else bool(accept_test(r[j], target[tokens[j]], qx[j])))
-            if here and not greedy:
-                if ok:
-                    target = residual = p[j + 1]
-                else:
-                    residual = residual_distribution(target, q[j])
-                    target = sibling_target(residual, p[parent + 1])
-            if ok:
-                current = j
-            tried.append(here)
-            accepted.append(ok)
-        # All children of the last accepted node rejected: the running residual; none tried: that node's row (the
-        # bonus). Greedy: the row after the last accepted node, whose argmax the target would have chosen.
-        dist = p[current + 1] if greedy else residual
-        return dist, torch.tensor(tried), torch.tensor(accepted)
 
     def _decision(self, dist, tried, accepted, d, px, qx, r, top: bool = True) -> Decision:
         """The extra token drawn from `dist` (after the uniforms of the accept tests), its law's top entries (`top`:

@@ -59,17 +59,19 @@ def _layer_tensors(cache):
                 yield tensor
 
 
+def movable(cache) -> bool:
+    """Whether moved_to can take `cache` over: transformers' own DynamicCache, not a subclass or another cache (a
+    layer-skip view's, llama.cpp's). A run with a cache that cannot move keeps the forward it started with."""
+    return type(cache).__name__ == "DynamicCache" and getattr(cache, "layers", None) is not None
+
+
 def moved_to(cache, runner):
-    """transformers' cache of a run, as `runner`'s own (StaticKV), the same keys and values: the engine switching to
-    a forward built in the background between two steps. None where `cache` is not transformers' DynamicCache (a
-    layer-skip view's, llama.cpp's): that run keeps the forward it started with."""
-    layers = getattr(cache, "layers", None)
-    if layers is None or type(cache).__name__ != "DynamicCache":
-        return None
+    """transformers' cache of a run (one `movable` accepts), as `runner`'s own (StaticKV), the same keys and values:
+    the engine switching to a forward built in the background between two steps."""
     static = runner.new_cache()
     length = cache.get_seq_length()
     static.reserve(length)
-    for i, layer in enumerate(layers):
+    for i, layer in enumerate(cache.layers):
         if length:
             static.keys[i][:, :, :length] = layer.keys[:, :, :length]
             static.values[i][:, :, :length] = layer.values[:, :, :length]

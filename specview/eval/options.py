@@ -34,7 +34,6 @@ def build_eval_parser() -> argparse.ArgumentParser:
         prog="specview eval",
         description="A prompt set through autoregressive decoding and each drafter: acceptance, accepted "
                     "lengths and speedup per category, as a table, terminal plots, a JSON file and PNG/SVG plots.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EPILOG,
     )
     add_run_options(p)

@@ -153,9 +153,7 @@ class AttachBackend(RemoteBackend):
         last_id = request = None
         try:
             with self.client.stream("POST", "/generate", json=body) as response:
-                if response.status_code != 200:
-                    response.read()
-                    inbox.put({"type": "error", "error": _error_line(response)})
+                if _refused(response, inbox):
                     return
                 for event_id, record in iter_sse(response.iter_lines()):
                     if not self._wanted(inbox):
@@ -182,9 +180,7 @@ class AttachBackend(RemoteBackend):
             headers = {"Last-Event-ID": last_id} if last_id is not None else {}
             try:
                 with self.client.stream("GET", "/events", headers=headers) as response:
-                    if response.status_code != 200:
-                        response.read()
-                        inbox.put({"type": "error", "error": _error_line(response)})
+                    if _refused(response, inbox):
                         return
                     self.notice, attempt = "", 0
                     for event_id, record in iter_sse(response.iter_lines()):
@@ -204,8 +200,15 @@ class AttachBackend(RemoteBackend):
                     return
 
 
-def _error_line(response: httpx.Response) -> str:
+def _refused(response: httpx.Response, inbox) -> bool:
+    """An answer other than 200 ends the stream: the server's error, in one line, goes to the inbox as an error
+    record (its `error` field when the body is specview's JSON, else the body's start)."""
+    if response.status_code == 200:
+        return False
+    response.read()
     try:
-        return f"{response.status_code}: {response.json()['error']}"
+        line = f"{response.status_code}: {response.json()['error']}"
     except (ValueError, KeyError):
-        return f"{response.status_code}: {response.text[:200]}"
+        line = f"{response.status_code}: {response.text[:200]}"
+    inbox.put({"type": "error", "error": line})
+    return True

@@ -15,6 +15,11 @@ from specview.profiling.roofline import ForwardTally, tally_arguments, verify_ro
 RECENT = 20  # steps in the "last 20" acceptance rate
 
 
+def _passed_on(source: str, name: str) -> property:
+    """LiveStats' figure `name` of its `source` (its Counts or its CostModel), read at each access."""
+    return property(lambda self: getattr(getattr(self, source), name))
+
+
 @dataclass
 class LiveStats:
     t_ar_ms: float | None = None  # one-token target forward, timed after loading
@@ -56,6 +61,16 @@ class LiveStats:
         for model, ms in s.layernorm_ms.items():  # {"draft": .., "verify": ..}
             self.layernorm_sums[model] = self.layernorm_sums.get(model, 0.0) + ms
 
+    # The figures on screen as core.metrics defines them: of the counts so far, or of their cost model.
+    acceptance_rate = _passed_on("counts", "acceptance_rate")
+    alpha = _passed_on("counts", "alpha")
+    mean_emitted = _passed_on("counts", "mean_emitted_per_step")
+    mean_k = _passed_on("counts", "drafted_per_step")  # drafts made: K, or fewer near N and the context end
+    tokens_per_s = _passed_on("counts", "tokens_per_s")
+    c = _passed_on("costs", "c")
+    v = _passed_on("costs", "v")
+    theoretical_speedup = _passed_on("costs", "theoretical_speedup")
+
     @property
     def prefill_ms(self) -> float:
         return self.counts.prefill_ms
@@ -64,17 +79,9 @@ class LiveStats:
     def prefill_ms(self, ms: float) -> None:
         self.counts.prefill_ms = ms
 
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.counts.acceptance_rate
-
     def recent_rate(self, n: int = RECENT) -> float | None:
         last = self.steps[-n:]
         return ratio(sum(s.accepted for s in last), sum(len(s.drafted) for s in last))
-
-    @property
-    def alpha(self) -> float | None:
-        return self.counts.alpha
 
     @property
     def per_position(self) -> list[tuple[float | None, int]]:
@@ -96,34 +103,9 @@ class LiveStats:
         return [len(s.emitted) for s in self.steps]
 
     @property
-    def mean_emitted(self) -> float | None:
-        return self.counts.mean_emitted_per_step
-
-    @property
-    def mean_k(self) -> float | None:
-        """Drafts per step actually made (K, or fewer near N and the context end)."""
-        return self.counts.drafted_per_step
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        return self.counts.tokens_per_s
-
-    @property
     def costs(self) -> CostModel:
         """c, v and the speedups they imply, against the t_ar timed after loading (metrics.cost_model)."""
         return cost_model(self.counts, self.t_ar_ms)
-
-    @property
-    def c(self) -> float | None:
-        return self.costs.c
-
-    @property
-    def v(self) -> float | None:
-        return self.costs.v
-
-    @property
-    def theoretical_speedup(self) -> float | None:
-        return self.costs.theoretical_speedup
 
     def predicted(self, k: int) -> tuple[float | None, float | None] | None:
         """(E(K), theoretical speedup) for K drafts per step at the alpha measured so far."""

@@ -71,9 +71,9 @@ def test_several_drafters_are_each_checked(capsys, spread_pair):
 
 def test_always_accepting_fails_the_distribution_test(capsys, spread_pair, monkeypatch):
     """The power test: an engine that keeps every draft emits the draft's law, not the target's."""
-    import specview.engine.decoder
+    from specview.engine import accept_rule
 
-    monkeypatch.setattr(specview.engine.decoder, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
+    monkeypatch.setattr(accept_rule, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
     code, out, err = check(capsys, spread_pair)
     assert code == 1
     assert last_line(out).startswith("result=fail") and "do NOT follow the target's distribution" in out
@@ -100,16 +100,16 @@ def test_a_wrong_bonus_fails_through_the_tokens_past_the_first(capsys, peaked_pa
     """The bonus (after all K drafts accepted) is never the first emitted token: drawn from the draft's last row
     instead of the target's next one, only the test of the later tokens can see it (the first token's p-value
     stays 0.58; the correct engine passes on this pair, the later tokens' p-value 0.09)."""
-    from specview.engine import decoder
+    from specview.engine import accept_rule
 
-    real = decoder.Run._walk_on_host
+    real = accept_rule.walk_on_host
 
-    def wrong_bonus(self, p, d, q, parents, qx, r, matches):
-        dist, tried, accepted = real(self, p, d, q, parents, qx, r, matches)
-        wrong = not self.dec.sampling.greedy and bool(accepted.all())  # sampling only: the greedy test stays blind
+    def wrong_bonus(p, d, q, parents, qx, r, matches, greedy):
+        dist, tried, accepted = real(p, d, q, parents, qx, r, matches, greedy)
+        wrong = not greedy and bool(accepted.all())  # sampling only: the greedy test stays blind
         return (q[-1] if wrong else dist), tried, accepted
 
-    monkeypatch.setattr(decoder.Run, "_walk_on_host", wrong_bonus)
+    monkeypatch.setattr(accept_rule, "walk_on_host", wrong_bonus)
     code, out, err = check(capsys, peaked_pair)
     assert code == 1, out + err
     assert last_line(out).startswith("result=fail drafters=1 greedy_same=4/4") and "ended in a bonus" in out

@@ -12,13 +12,16 @@ import numpy as np
 import pytest
 import torch
 from laws import N_TOKENS, PROMPT, exact_joint, tv, tv_threshold
+from transformers import DynamicCache
 
 import tiny
 from specview.core.settings import SamplingConfig
 from specview.cpu import builds, fast_path
 from specview.cpu.forward import llama as llama_forward
+from specview.drafters.layerskip import SkipModel
 from specview.engine import decoder as decoder_module
 from specview.engine.decoder import Decoder
+from specview.engine.kv_cache import movable
 from specview.models.loader import LoadedModel, load_pair
 
 SAMPLES = 1000  # each run starts a build thread and switches: the law test of the switch, not of sampling
@@ -109,6 +112,15 @@ def test_a_cache_that_did_not_move_is_caught(pair, monkeypatch):
     monkeypatch.setattr(decoder_module, "moved_to", keys_lost)
     got, _ = greedy(target, draft, switch_after=2)
     assert got != want
+
+
+def test_only_transformers_own_cache_moves(pair):
+    """kv_cache.movable, the one check the switch makes before it takes a forward: transformers' DynamicCache moves;
+    a layer-skip view's (a DynamicCache subclass laid out for the view) and the fast forward's own do not."""
+    target, _ = pair
+    assert movable(DynamicCache(config=target.model.config))
+    assert not movable(SkipModel(target.model, (1,)).new_cache())
+    assert not movable(llama_forward.FastForward(target.model, compiled=False).new_cache())
 
 
 def switched_counts(target, draft, cfg, vocab: int) -> np.ndarray:

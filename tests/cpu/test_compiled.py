@@ -11,11 +11,11 @@ import pytest
 import torch
 from laws import CASES, drafter_counts, exact_joint, tv, tv_threshold
 
-import specview.engine.decoder as engine
 from specview.core.errors import SpecviewError
 from specview.core.settings import SamplingConfig
 from specview.cpu import fast_path
 from specview.cpu.forward import aot_compile, gpt2, llama, weights
+from specview.engine import accept_rule
 from specview.engine.decoder import Decoder
 from specview.engine.kv_cache import crop_cache, new_cache
 from specview.models.int4 import int4_copy
@@ -218,7 +218,7 @@ def test_compiled_speculative_keeps_the_target_law(compiled_pair, cfg_name):
 def test_compiled_law_test_has_power(compiled_pair, monkeypatch):
     target, draft = compiled_pair
     cfg = CASES["temperature 1"]
-    monkeypatch.setattr(engine, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
+    monkeypatch.setattr(accept_rule, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
     exact = exact_joint(target, cfg, 8, prompt=PROMPT)
     counts, _, _ = drafter_counts(target, draft, cfg, k=2, vocab=8, prompt=PROMPT)
     assert tv(counts, exact) > tv_threshold(exact)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from laws import tv, tv_threshold
 
-import specview.engine.decoder as engine
 from helpers import run_cli
 from specview.core.settings import SamplingConfig
+from specview.engine import accept_rule
 from specview.engine.decoder import Decoder
 from specview.engine.sampling import probs_from_logits
 from specview.models.loader import load_model
@@ -108,7 +108,7 @@ def test_the_target_law_holds_with_a_llamacpp_draft(ggufs, target):
 
 
 def test_the_law_test_has_power_with_a_llamacpp_draft(ggufs, target, monkeypatch):
-    monkeypatch.setattr(engine, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
+    monkeypatch.setattr(accept_rule, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
     distance, threshold, _, _ = law_test(target, _drafter(ggufs[1], target), SamplingConfig(temperature=1.0, top_k=3))
     assert distance > threshold
 

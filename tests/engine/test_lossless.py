@@ -13,9 +13,9 @@ import pytest
 import torch
 from laws import CASES, SAMPLES, drafter_counts, exact_joint, speculative_counts, tv, tv_threshold
 
-import specview.engine.decoder as engine
 from specview.core.settings import SamplingConfig
 from specview.drafters.ngram import NgramDrafter
+from specview.engine import accept_rule
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -41,7 +41,7 @@ def test_broken_accept_rule_is_detected(small_vocab_pair, monkeypatch):
     """Always accepting the draft gives the draft's law: the same test must reject it."""
     target, draft = small_vocab_pair
     cfg = SamplingConfig(temperature=1.0)
-    monkeypatch.setattr(engine, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
+    monkeypatch.setattr(accept_rule, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
     exact = exact_joint(target, cfg, 8)
     counts = speculative_counts(target, draft, cfg, k=2, vocab=8, samples=SAMPLES)
     assert tv(counts, exact) > tv_threshold(exact)
@@ -51,7 +51,7 @@ def test_broken_residual_is_detected(small_vocab_pair, monkeypatch):
     """Resampling from p instead of max(0, p - q) after a rejection is a subtler bias; still caught."""
     target, draft = small_vocab_pair
     cfg = SamplingConfig(temperature=1.0)
-    monkeypatch.setattr(engine, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(accept_rule, "residual_distribution", lambda p, q: p)
     exact = exact_joint(target, cfg, 8)
     counts = speculative_counts(target, draft, cfg, k=2, vocab=8, samples=SAMPLES)
     assert tv(counts, exact) > tv_threshold(exact)
@@ -112,7 +112,7 @@ def test_every_drafter_test_has_power(small_vocab_pair, kind, monkeypatch):
     """With the accept rule broken (always accept), the same test rejects each drafter's output."""
     target, draft = small_vocab_pair
     cfg = CASES["temperature 1"]
-    monkeypatch.setattr(engine, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
+    monkeypatch.setattr(accept_rule, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
     exact = exact_joint(target, cfg, 8, prompt=REPEATING)
     counts, _, _ = drafter_counts(target, DRAFTERS[kind](target, draft), cfg, k=2, vocab=8, prompt=REPEATING)
     assert tv(counts, exact) > tv_threshold(exact)
@@ -123,7 +123,7 @@ def test_ngram_residual_removes_the_proposed_token(small_vocab_pair, monkeypatch
     its rejection) is caught too."""
     target, _ = small_vocab_pair
     cfg = CASES["temperature 1"]
-    monkeypatch.setattr(engine, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(accept_rule, "residual_distribution", lambda p, q: p)
     exact = exact_joint(target, cfg, 8, prompt=REPEATING)
     counts, _, _ = drafter_counts(target, NgramDrafter("ngram:max=2,min=1"), cfg, k=2, vocab=8, prompt=REPEATING)
     assert tv(counts, exact) > tv_threshold(exact)

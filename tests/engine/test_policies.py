@@ -9,12 +9,12 @@ import pytest
 import torch
 from laws import CASES, N_TOKENS, SAMPLES, exact_joint, tv, tv_threshold
 
-import specview.engine.decoder as engine
 from specview.core.errors import SpecviewError
 from specview.core.events import StepResult
 from specview.core.metrics import CostCurve
 from specview.core.policies import Goodput, GoodputFigures, Heuristic, make_policy, parse_policy
 from specview.core.settings import SamplingConfig
+from specview.engine import accept_rule
 from specview.engine.decoder import Decoder
 from specview.engine.phase_timer import PhaseTimer
 
@@ -77,7 +77,7 @@ def test_every_policy_keeps_the_target_law(small_vocab_pair, policy, cfg_name):
 def test_the_policy_law_test_has_power(small_vocab_pair, monkeypatch):
     target, draft = small_vocab_pair
     cfg = CASES["temperature 1"]
-    monkeypatch.setattr(engine, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
+    monkeypatch.setattr(accept_rule, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
     exact = exact_joint(target, cfg, 8)
     counts, _ = policy_counts(target, draft, cfg, "p-min=0.2")
     assert tv(counts, exact) > tv_threshold(exact)
@@ -90,7 +90,7 @@ def test_a_broken_residual_is_caught_under_each_policy(small_vocab_pair, policy,
     it drafted too little, and passed with the residual broken)."""
     target, draft = small_vocab_pair
     cfg = CASES["temperature 1"]
-    monkeypatch.setattr(engine, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(accept_rule, "residual_distribution", lambda p, q: p)
     exact = exact_joint(target, cfg, 8)
     counts, steps = policy_counts(target, draft, cfg, policy)
     assert sum(n for n, _, _ in steps) > SAMPLES

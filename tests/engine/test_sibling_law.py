@@ -25,6 +25,7 @@ from specview.core.settings import SamplingConfig
 from specview.core.tree_shape import split_tree
 from specview.drafters import tree
 from specview.drafters.tree import TreeDrafter
+from specview.engine import accept_rule
 from specview.engine.drafter import Proposal
 from specview.engine.phase_timer import PhaseTimer
 
@@ -165,5 +166,5 @@ def test_later_siblings_reported_with_the_unrenormalised_q_are_caught(cfg_name, 
 
 def test_siblings_tested_against_the_targets_p_are_caught(monkeypatch):
     cfg = CASES["temperature 1"]
-    monkeypatch.setattr(engine, "sibling_target", lambda residual, p: p)
+    monkeypatch.setattr(accept_rule, "sibling_target", lambda residual, p: p)
     assert tv(exact_first_token_law(cfg, 2, True, monkeypatch), reference_probs(TARGET, cfg)) > 1e-3

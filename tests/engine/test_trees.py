@@ -9,7 +9,6 @@ import pytest
 import torch
 from laws import CASES, N_TOKENS, exact_joint, tv, tv_threshold
 
-import specview.engine.decoder as engine
 from specview.core.errors import SpecviewError
 from specview.core.metrics import Counts
 from specview.core.policies import GoodputFigures
@@ -20,6 +19,7 @@ from specview.cpu.forward import aot_compile, llama
 from specview.drafters.ngram import NgramDrafter
 from specview.drafters.specs import kind, split_specs
 from specview.drafters.tree import TreeDrafter
+from specview.engine import accept_rule
 from specview.engine.decoder import Decoder, token_tree
 from specview.engine.drafter import ModelDrafter
 from specview.engine.kv_cache import keep_rows, new_cache
@@ -266,7 +266,7 @@ def test_siblings_tried_against_the_unmodified_p_are_caught(fast_pair, monkeypat
     siblings left; after the last, the residual of p alone) gives a biased law: the same test rejects it."""
     target, draft = fast_pair
     cfg = CASES["temperature 1"]
-    monkeypatch.setattr(engine, "sibling_target", lambda residual, p: p)
+    monkeypatch.setattr(accept_rule, "sibling_target", lambda residual, p: p)
     exact = exact_joint(target, cfg, 8, prompt=SMALL[:2])
     counts, _ = tree_counts(target, tree_drafter(draft, "tree:nodes=4,b=2,d=2"), cfg, SMALL[:2])
     assert not law_holds(counts, exact)

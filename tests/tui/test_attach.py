@@ -110,3 +110,18 @@ def test_a_dropped_stream_resumes_on_events_without_losing_a_step(settings, monk
             assert [t for s in steps for t in s.emitted] == summary.generated_ids
         finally:
             backend.close()
+
+
+@pytest.mark.parametrize("follow", [False, True], ids=["request", "follow"])
+def test_a_refused_token_is_the_servers_error_in_one_line(settings, follow):
+    """Both streams (POST /generate, GET /events) end at an answer other than 200 with the server's own error,
+    not a retry: a wrong token is not a dropped connection."""
+    with running_server(settings, token="right") as served:
+        backend = AttachBackend(served.url, "wrong", settings, follow=follow)
+        try:
+            backend.load(lambda text: None)  # /health needs no token
+            with pytest.raises(SpecviewError, match=r"^401: missing or wrong token"):
+                backend.step()
+            assert backend.drops == 0 and backend.run_done
+        finally:
+            backend.close()

@@ -86,19 +86,38 @@ def missing_reason() -> str | None:
     return None
 
 
-@functools.cache
+def _trial(product: str, first):
+    """A kernel's `*_unavailable_reason` from its trial: the decorated function multiplies a few rows and returns None
+    where its product agrees with the reference, else why not (one phrase). `first()` is asked before (the library
+    built, or the float32 kernel's own trial): its reason stands; a trial that raises is a reason too. Cached: each
+    trial runs once a process."""
+
+    def wrap(trial):
+        @functools.cache
+        @functools.wraps(trial)
+        def reason() -> str | None:
+            before = first()
+            if before is not None:
+                return before
+            try:
+                return trial()
+            except Exception as err:  # noqa: BLE001 - any failure means: not here
+                return f"it failed a trial {product}: {type(err).__name__}: {err}"
+
+        return reason
+
+    return wrap
+
+
+@_trial("product", first=missing_reason)
 def unavailable_reason() -> str | None:
     """None where the kernel is built (or was) and agrees with F.linear here, else why not (one phrase): a wrong
     kernel is no candidate for the engine's products (F.linear runs them), and tests/cpu/test_thin_kernels.py's
     test_it_is_built_wherever_it_can_be fails."""
-    if missing_reason() is not None:
-        return missing_reason()
-    try:  # odd sizes on purpose: a tail of features and of output rows, more rows than one pass takes
-        x, w = torch.randn(11, 53), torch.randn(37, 53)
-        if not torch.allclose(linear(x, w), x @ w.T, rtol=1e-4, atol=1e-4):
-            return "its product disagrees with F.linear"
-    except Exception as err:  # noqa: BLE001
-        return f"it failed a trial product: {type(err).__name__}: {err}"
+    # odd sizes on purpose: a tail of features and of output rows, more rows than one pass takes
+    x, w = torch.randn(11, 53), torch.randn(37, 53)
+    if not torch.allclose(linear(x, w), x @ w.T, rtol=1e-4, atol=1e-4):
+        return "its product disagrees with F.linear"
     return None
 
 
@@ -106,21 +125,17 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
-@functools.cache
+@_trial("int4 product", first=unavailable_reason)
 def int4_unavailable_reason() -> str | None:
     """As unavailable_reason, for the int4 kernel (the same library; its own trial: one failing does not take the
     other kernel away)."""
-    if not available():
-        return unavailable_reason()
-    try:  # more rows than the registers take, bfloat16 and float32 activations
-        codes = torch.randint(0, 16, (48, 64), dtype=torch.int32)
-        scales_and_zeros = (torch.rand(2, 48, 2) / 8).to(torch.bfloat16)
-        for x, tolerance in ((torch.randn(5, 64), 1e-3), (torch.randn(5, 64).to(torch.bfloat16), 1e-2)):
-            got = int4_linear(x, *pack_int4(codes, scales_and_zeros), 32).float()
-            if not torch.allclose(got, int4_reference(x.float(), codes, scales_and_zeros), rtol=tolerance, atol=tolerance):
-                return "its int4 product disagrees with the dequantized weight's"
-    except Exception as err:  # noqa: BLE001
-        return f"it failed a trial int4 product: {type(err).__name__}: {err}"
+    # more rows than the registers take, bfloat16 and float32 activations
+    codes = torch.randint(0, 16, (48, 64), dtype=torch.int32)
+    scales_and_zeros = (torch.rand(2, 48, 2) / 8).to(torch.bfloat16)
+    for x, tolerance in ((torch.randn(5, 64), 1e-3), (torch.randn(5, 64).to(torch.bfloat16), 1e-2)):
+        got = int4_linear(x, *pack_int4(codes, scales_and_zeros), 32).float()
+        if not torch.allclose(got, int4_reference(x.float(), codes, scales_and_zeros), rtol=tolerance, atol=tolerance):
+            return "its int4 product disagrees with the dequantized weight's"
     return None
 
 
@@ -128,22 +143,17 @@ def int4_available() -> bool:
     return int4_unavailable_reason() is None
 
 
-@functools.cache
+@_trial("int8 product", first=unavailable_reason)
 def int8_unavailable_reason() -> str | None:
     """As unavailable_reason, for the int8 kernel: its trial product (rows past the registers' and the tile's)
     against the float32 weight's."""
-    if not available():
-        return unavailable_reason()
-    try:
-        generator = torch.Generator().manual_seed(0)
-        codes = torch.randint(-127, 128, (9, 64), dtype=torch.int8, generator=generator)
-        scales = torch.rand(9, 2, generator=generator) / 64
-        weight = (codes.float().view(9, 2, INT8_BLOCK) * scales.unsqueeze(-1)).view(9, 64)
-        x = torch.randn(7, 64, generator=generator)
-        if not torch.allclose(int8_linear(x, codes, scales), x @ weight.T, rtol=1e-4, atol=1e-4):
-            return "its int8 product disagrees with the float32 weight's"
-    except Exception as err:  # noqa: BLE001
-        return f"it failed a trial int8 product: {type(err).__name__}: {err}"
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(-127, 128, (9, 64), dtype=torch.int8, generator=generator)
+    scales = torch.rand(9, 2, generator=generator) / 64
+    weight = (codes.float().view(9, 2, INT8_BLOCK) * scales.unsqueeze(-1)).view(9, 64)
+    x = torch.randn(7, 64, generator=generator)
+    if not torch.allclose(int8_linear(x, codes, scales), x @ weight.T, rtol=1e-4, atol=1e-4):
+        return "its int8 product disagrees with the float32 weight's"
     return None
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 from textual.binding import Binding
-from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
-from textual.widgets import Static
+
+from specview.tui.widgets.scroll_modal import ScrollModal
 
 KEYS = [
     ("space", "draft and verify one block (one step)"),
@@ -57,20 +56,14 @@ def help_text(diagnosis: list[str] | None = None) -> Table:
     return table
 
 
-class HelpScreen(ModalScreen):
+class HelpScreen(ScrollModal):
     BINDINGS = [Binding("escape,question_mark,q", "dismiss", "Close")]
-    DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll { width: 90; max-width: 100%; height: auto; max-height: 100%;
-                                  border: round $accent; background: $surface; padding: 0 1; }
-    """
+    DEFAULT_CSS = "HelpScreen > VerticalScroll { width: 90; }"
+    box_title = "specview keys"
 
     def __init__(self, diagnosis: list[str] | None = None):
         super().__init__()
         self.diagnosis = diagnosis or []
 
-    def compose(self):
-        with VerticalScroll() as box:
-            box.border_title = "specview keys"
-            box.border_subtitle = "esc to close"
-            yield Static(help_text(self.diagnosis))
+    def body(self) -> Table:
+        return help_text(self.diagnosis)

@@ -8,9 +8,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.binding import Binding
-from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
-from textual.widgets import Static
+
+from specview.tui.widgets.scroll_modal import ScrollModal
 
 
 def _fmt(value, pattern: str = "{:.2f}") -> str:
@@ -45,20 +44,14 @@ def whatif_view(figures: dict) -> Group:
     return Group(head, *[drafter_table(spec, entry) for spec, entry in (figures.get("drafters") or {}).items()])
 
 
-class WhatIfScreen(ModalScreen):
+class WhatIfScreen(ScrollModal):
     BINDINGS = [Binding("escape,w,q", "dismiss", "Close")]
-    DEFAULT_CSS = """
-    WhatIfScreen { align: center middle; }
-    WhatIfScreen > VerticalScroll { width: 100; max-width: 100%; height: auto; max-height: 100%;
-                                    border: round $accent; background: $surface; padding: 0 1; }
-    """
+    DEFAULT_CSS = "WhatIfScreen > VerticalScroll { width: 100; }"
+    box_title = "what if: this run at other K and policies"
 
     def __init__(self, figures: dict):
         super().__init__()
         self.figures = figures
 
-    def compose(self):
-        with VerticalScroll() as box:
-            box.border_title = "what if: this run at other K and policies"
-            box.border_subtitle = "esc to close"
-            yield Static(whatif_view(self.figures))
+    def body(self) -> Group:
+        return whatif_view(self.figures)
