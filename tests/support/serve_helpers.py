@@ -12,20 +12,23 @@ import httpx
 from specview.core.settings import Settings
 from specview.serve.client import iter_sse
 from specview.serve.command import Served, listen
-from specview.session import open_session
 
 TIMEOUT = 60.0  # generous: the machine is shared; nothing waits this long when things work
 
 
 @contextmanager
-def running_server(settings: Settings, **kw):
-    """Serve `settings`' pair on 127.0.0.1:<free port> from a thread; stop it (as a signal would) after."""
-    session = open_session(settings)
-    served = Served(session, listen("127.0.0.1", 0), profile_dir=settings.profile_dir, **kw)
+def running_server(settings: Settings, ready: bool = True, **kw):
+    """Serve `settings`' pair on 127.0.0.1:<free port> from a thread; stop it (as a signal would) after.
+    `ready`: yield once the models have loaded (else at once, while they load)."""
+    served = Served(settings, listen("127.0.0.1", 0), profile_dir=settings.profile_dir, **kw)
     served.sock.listen(128)
     thread = threading.Thread(target=asyncio.run, args=(served.serve(),), daemon=True)
     thread.start()
     try:
+        if ready:
+            with httpx.Client(base_url=served.url, timeout=TIMEOUT) as client:
+                wait_for(lambda health: health["status"] != "loading", "the models to load", client)
+            assert served.worker is not None, served.state.error
         yield served
     finally:
         if served.loop is not None:
