@@ -11,8 +11,8 @@
 
 Errors are JSON {"error": "...", "field": ...}: 401 token, 413 body size, 422 malformed (field named; also
 prompt + N past the context and chat without a template, on arrival), 400 unknown draft, 503 queue full
-(Retry-After), the models still loading (Retry-After; loading.py), their load failed, or shutting down; 404/405 for other paths and methods; a bug is 500 in the same shape. A request
-can name no model or path. The body is read as JSON whatever its Content-Type (`curl -d` sends
+(Retry-After), the models still loading (Retry-After; loading.py), their load failed, or shutting down;
+404/405 for other paths and methods; a bug is 500 in the same shape. A request can name no model or path. The body is read as JSON whatever its Content-Type (`curl -d` sends
 application/x-www-form-urlencoded).
 
 A client that leaves cancels its request, streamed or not, waiting or running: the engine thread skips it,

@@ -5,11 +5,9 @@ load is held on an Event the test releases (loading.load_session patched), never
 
 from __future__ import annotations
 
-import threading
-
 import httpx
 import pytest
-from serve_helpers import TIMEOUT, running_server, wait_for
+from serve_helpers import TIMEOUT, holding_the_load, running_server, wait_for
 
 from specview.core.errors import SpecviewError
 from specview.core.settings import Settings
@@ -22,26 +20,10 @@ def settings(gpt2_paths, tmp_path):
                     threads=1, profile_dir=str(tmp_path / "profiles"))
 
 
-class HeldLoad:
-    """loading.load_session, held before it loads until `release` is set; `entered` is set once it is held."""
-
-    def __init__(self):
-        self.entered, self.release = threading.Event(), threading.Event()
-        self.real = loading.load_session
-
-    def __call__(self, settings, say):
-        say("held by the test")
-        self.entered.set()
-        assert self.release.wait(TIMEOUT), "the test never released the load"
-        return self.real(settings, say)
-
-
 @pytest.fixture
 def held_load(monkeypatch):
-    held = HeldLoad()
-    monkeypatch.setattr(loading, "load_session", held)
-    yield held
-    held.release.set()
+    with holding_the_load(monkeypatch) as held:
+        yield held
 
 
 def test_health_answers_while_the_models_load_and_requests_get_503_until_they_have(settings, held_load):

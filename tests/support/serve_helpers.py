@@ -10,6 +10,7 @@ from contextlib import contextmanager
 import httpx
 
 from specview.core.settings import Settings
+from specview.serve import loading
 from specview.serve.client import iter_sse
 from specview.serve.command import Served, listen
 
@@ -35,6 +36,31 @@ def running_server(settings: Settings, ready: bool = True, **kw):
             served.stop_threadsafe()
         thread.join(TIMEOUT)
         assert not thread.is_alive(), "the server did not stop"
+
+
+class HeldLoad:
+    """loading.load_session, held before it loads until `release` is set; `entered` is set once it is held."""
+
+    def __init__(self):
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.real = loading.load_session
+
+    def __call__(self, settings, say):
+        say("held by the test")
+        self.entered.set()
+        assert self.release.wait(TIMEOUT), "the test never released the load"
+        return self.real(settings, say)
+
+
+@contextmanager
+def holding_the_load(monkeypatch):
+    """Every server started meanwhile loads its models only once the HeldLoad yielded is released."""
+    held = HeldLoad()
+    monkeypatch.setattr(loading, "load_session", held)
+    try:
+        yield held
+    finally:
+        held.release.set()
 
 
 def stream_records(client: httpx.Client, path: str, body: dict | None = None, headers: dict | None = None):
