@@ -4,15 +4,15 @@
                       chat?, ignore_eos?, stream?} -> {text, generated_ids, summary, request}
                      stream: text/event-stream, one specview.events/1 record per event (start, step..., end)
     POST /predict    {prompt} -> {text, generated_text, summary}   (the seed project's server)
-    GET  /health     {status, target, drafters, queue, ...}        (never needs the token)
+    GET  /health     {status, loading, error, target, drafters, queue, ...}   (never needs the token)
     GET  /metrics    Prometheus text (metrics.py)
     GET  /events     text/event-stream of every record of every request, `id:` for Last-Event-ID
     GET  /openapi.json  this API as OpenAPI 3.1, from the request models (openapi.py)
 
 Errors are JSON {"error": "...", "field": ...}: 401 token, 413 body size, 422 malformed (field named; also
 prompt + N past the context and chat without a template, on arrival), 400 unknown draft, 503 queue full
-(Retry-After) or shutting down; 404/405 for other paths and methods; a bug is 500 in the same shape. A request
-can name no model or path. The body is read as JSON whatever its Content-Type (`curl -d` sends
+(Retry-After), the models still loading (Retry-After; loading.py), their load failed, or shutting down;
+404/405 for other paths and methods; a bug is 500 in the same shape. A request can name no model or path. The body is read as JSON whatever its Content-Type (`curl -d` sends
 application/x-www-form-urlencoded).
 
 A client that leaves cancels its request, streamed or not, waiting or running: the engine thread skips it,
@@ -25,6 +25,7 @@ import asyncio
 import hmac
 import json
 import logging
+from typing import TYPE_CHECKING
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
@@ -35,11 +36,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from specview.core.prompt_text import ascii_int
+from specview.core.stopping import Stop
 from specview.serve.hub import EventHub
+from specview.serve.loading import Readiness
 from specview.serve.metrics import CONTENT_TYPE, ServeMetrics
 from specview.serve.openapi import openapi_document
 from specview.serve.schema import ApiError, GenerateRequest, PredictRequest, parse_body
-from specview.serve.worker import EngineWorker, Job
+
+if TYPE_CHECKING:  # the worker imports torch; the app answers before torch is imported (loading.py)
+    from specview.serve.worker import Job
 
 PING_S = 15  # SSE comment lines keep idle streams alive through proxies
 CLIENT_GONE = 499  # nginx's "client closed request": the answer nobody reads, for the access log
@@ -110,9 +115,8 @@ async def unless_client_leaves(request: Request, job: Job, work):
     raise ClientGone
 
 
-def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, token: str | None = None,
-               max_body: int = 65536, info: dict | None = None) -> Starlette:
-    cap = worker.cap
+def create_app(state: Readiness, hub: EventHub, metrics: ServeMetrics, stop: Stop, *, cap: int,
+               token: str | None = None, max_body: int = 65536) -> Starlette:
 
     def check_token(request: Request) -> None:
         if token is None:
@@ -135,6 +139,7 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
 
     async def submit(request: Request, model) -> tuple[Job, dict]:
         check_token(request)
+        worker = state.engine()  # 503 while the models load, or after their load failed
         body = parse_body(await read_body(request), model, cap)
         if isinstance(body, PredictRequest):
             body = GenerateRequest(prompt=body.prompt)
@@ -185,9 +190,8 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
     async def health(request: Request) -> Response:
         from specview.cpu.builds import status as building
 
-        return JSONResponse({"status": "stopping" if worker.stop else "ok", **(info or {}),
-                             "queue": worker.waiting, "running": worker.running is not None,
-                             "forwards_building": building()})  # spec -> what its background build is doing
+        # forwards_building: spec -> what its background build is doing
+        return JSONResponse({**state.health(bool(stop)), "forwards_building": building()})
 
     async def metrics_page(request: Request) -> Response:
         check_token(request)
@@ -208,7 +212,7 @@ def create_app(worker: EngineWorker, hub: EventHub, metrics: ServeMetrics, *, to
 
     async def openapi(request: Request) -> Response:
         check_token(request)
-        return JSONResponse(openapi_document(cap, list(worker.drafters), token is not None))
+        return JSONResponse(openapi_document(cap, state.drafters, token is not None))
 
     def error_response(status: int, body: dict, headers: dict | None = None) -> Response:
         # ASCII JSON: an error may quote what the client sent, and a lone surrogate has no UTF-8 form

@@ -1,10 +1,13 @@
-"""`specview serve`: load the pair once, then serve it over HTTP until SIGINT/SIGTERM.
+"""`specview serve`: listen at once, load the pair on a thread meanwhile (loading.py), then serve it over HTTP
+until SIGINT/SIGTERM.
 
 Signals: uvicorn installs handlers of its own and, after a graceful stop, raises the signal again, so a
 SIGTERM would end the process by the signal's default action. `Served` keeps stopping in one place
 instead (stopping.py's rule: a handler only sets a flag): its loop handlers ask the engine thread to
 stop after its step; the request in flight ends "interrupted", waiting ones get 503, the session's
-profile is written, and only then is uvicorn told to exit. A second signal stops at once."""
+profile is written, and only then is uvicorn told to exit. A signal while the models load stops the server
+at once (nothing to save; the loading thread is a daemon, left to the process's end). A second signal
+stops at once."""
 
 from __future__ import annotations
 
@@ -13,18 +16,21 @@ import contextlib
 import os
 import socket
 import sys
+import threading
+import traceback
 
 import uvicorn
 
+from specview.core.errors import SpecviewError
 from specview.core.files import ensure_writable_dir
 from specview.core.settings import Settings
 from specview.core.stopping import SIGNALS, Stop
+from specview.serve import loading
 from specview.serve.app import create_app
 from specview.serve.hub import EventHub
+from specview.serve.loading import Readiness, server_info
 from specview.serve.metrics import ServeMetrics
 from specview.serve.options import PROFILE_MAX_STEPS
-from specview.serve.worker import EngineWorker
-from specview.session import Session, open_session
 
 GRACE_S = 10  # uvicorn's wait for open connections once every stream has ended (a backstop)
 
@@ -36,30 +42,33 @@ class _Server(uvicorn.Server):
 
 
 class Served:
-    """A loaded session behind HTTP on a listening socket: the engine thread, the app and uvicorn."""
+    """`settings`' pair behind HTTP on a listening socket: uvicorn and the app at once, the loading thread, then
+    the engine thread. `load(settings, say)` -> (session, t_ar_ms) runs on the loading thread (default:
+    loading.load_session, looked up when the load starts)."""
 
-    def __init__(self, session: Session, sock: socket.socket, *, token: str | None = None, queue_size: int = 16,
-                 cap: int = 1024, max_body: int = 65536, profile_dir: str = "profiles", t_ar_ms: float | None = None,
+    def __init__(self, settings: Settings, sock: socket.socket, *, load=None, token: str | None = None,
+                 queue_size: int = 16, cap: int = 1024, max_body: int = 65536, profile_dir: str = "profiles",
                  stop: Stop | None = None, profile_max_steps: int | None = PROFILE_MAX_STEPS):
-        s = session.settings
-        self.sock = sock
+        self.settings, self.sock, self.load = settings, sock, load
+        self.worker_options = dict(queue_size=queue_size, cap=cap, profile_dir=profile_dir,
+                                   profile_max_steps=profile_max_steps)
+        self.stop = stop or Stop()
         self.metrics = ServeMetrics()
         self.hub = EventHub()
-        self.worker = EngineWorker(session, self.metrics, self.hub, queue_size=queue_size,
-                                   cap=cap, profile_dir=profile_dir, stop=stop, profile_max_steps=profile_max_steps)
-        if t_ar_ms is not None:  # timed once at start: the profile's c and v use it, no request waits for it
-            self.worker.recorder.meta["t_ar_ms"] = t_ar_ms
-        info = {"target": session.target.spec, "drafters": [d.spec for d in session.drafters],
-                "device": str(session.device), "t_ar_ms": t_ar_ms, "load_s": session.load_s,
-                "roofline": self.worker.recorder.meta.get("roofline"),  # bandwidth, bytes per forward: the TUI's floors
-                "max_new_tokens_cap": cap,
-                "defaults": {"max_new_tokens": min(s.max_new_tokens, cap), "k": s.k, "temperature": s.temperature,
-                             "top_k": s.top_k, "top_p": s.top_p, "ignore_eos": s.ignore_eos}}
-        self.app = create_app(self.worker, self.hub, self.metrics, token=token, max_body=max_body, info=info)
+        self.state = Readiness(server_info(settings, cap))
+        self.app = create_app(self.state, self.hub, self.metrics, self.stop, cap=cap, token=token, max_body=max_body)
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=GRACE_S)
         self.server = _Server(config)
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.settled: asyncio.Future | None = None  # done once the load has ended, either way
+        self.stopped: asyncio.Future | None = None  # done once a stop is asked for
+        self.loader = threading.Thread(target=self._load, name="specview-load", daemon=True)
+
+    @property
+    def worker(self):
+        """The engine worker, once the models have loaded (None before, and after a failed load)."""
+        return self.state.worker
 
     @property
     def url(self) -> str:
@@ -68,30 +77,93 @@ class Served:
 
     async def serve(self, signals=()) -> None:
         self.loop = asyncio.get_running_loop()
+        self.settled, self.stopped = self.loop.create_future(), self.loop.create_future()
         for sig in signals:
             self.loop.add_signal_handler(sig, self._on_signal, sig)
-        self.worker.start()
+        if self.stop:  # a signal came before the loop took the handlers over
+            self.stopped.set_result(None)
         server = asyncio.create_task(self.server.serve(sockets=[self.sock]))
-        engine = asyncio.create_task(asyncio.to_thread(self.worker.finished.wait))
-        await asyncio.wait({server, engine}, return_when=asyncio.FIRST_COMPLETED)
-        if not engine.done():  # uvicorn ended on its own (it failed): the engine stops too
-            self.worker.request_stop("the HTTP server ended")
-            await engine
+        self.loader.start()
+        await asyncio.wait({server, self.settled, self.stopped}, return_when=asyncio.FIRST_COMPLETED)
+        worker = self.worker
+        if worker is not None and not server.done():
+            worker.start()
+            engine = asyncio.create_task(asyncio.to_thread(worker.finished.wait))
+            await asyncio.wait({server, engine}, return_when=asyncio.FIRST_COMPLETED)
+            if not engine.done():  # uvicorn ended on its own (it failed): the engine stops too
+                worker.request_stop("the HTTP server ended")
+                await engine
+        elif self.state.status == "error":  # stay up to say so on /health, until a stop
+            await asyncio.wait({server, self.stopped}, return_when=asyncio.FIRST_COMPLETED)
         self.hub.close()  # the /events streams end; the requests' streams have ended with their runs
         self.server.should_exit = True
         await server
 
+    # the loading thread ---------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        from specview.serve.worker import EngineWorker  # torch: after the socket answers
+
+        try:
+            session, t_ar_ms = (self.load or loading.load_session)(self.settings, self._progress)
+            worker = EngineWorker(session, self.metrics, self.hub, stop=self.stop, **self.worker_options)
+            if t_ar_ms is not None:  # the profile's c and v use it
+                worker.recorder.meta["t_ar_ms"] = t_ar_ms
+            info = server_info(self.settings, worker.cap, session, t_ar_ms, worker.recorder.meta.get("roofline"))
+        except Exception as err:  # noqa: BLE001 - the server stays up to report it
+            if not isinstance(err, SpecviewError):
+                traceback.print_exc()  # a bug, for the operator; /health gets its one line
+            message = str(err) if isinstance(err, SpecviewError) else f"{type(err).__name__}: {err}"
+            self._on_loop(self._failed, " ".join(message.splitlines()))
+        else:
+            self._on_loop(self._ready, worker, info)
+
+    def _progress(self, line: str) -> None:
+        self.state.loading = line
+        _say(line)
+
+    def _on_loop(self, callback, *args) -> None:
+        try:
+            self.loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop has closed: the server stopped while the models loaded
+            pass
+
+    # the loop's thread ----------------------------------------------------------------------------
+
+    def _ready(self, worker, info: dict) -> None:
+        if self.stop:  # a stop came first: this worker never starts
+            return
+        self.state.ready(worker, info)
+        self.settled.set_result(None)
+        drafters = ", ".join(info["drafters"]) or "no drafter"
+        _say(f"specview serve: ready: {info['target']} with {drafters} on {self.url} (ctrl+c stops)")
+
+    def _failed(self, message: str) -> None:
+        self.state.failed(message)
+        self.settled.set_result(None)
+        _say(f"specview serve: error: the models failed to load: {message}")
+        _say(f"specview serve: still answering at {self.url} so that GET /health says why (ctrl+c stops)")
+
+    def _request_stop(self, reason: str) -> None:
+        if self.worker is not None:
+            self.worker.request_stop(reason)  # the same Stop: the engine ends after its step
+        else:
+            self.stop.request(reason)
+        if not self.stopped.done():
+            self.stopped.set_result(None)
+
     def _on_signal(self, sig) -> None:
-        if self.worker.stop:  # the user insists: stop at once
+        if self.stop:  # the user insists: stop at once
             self.server.force_exit = True
             _say("specview serve: stopped at once")
             os._exit(130)
-        self.worker.request_stop(sig.name)  # first: saying so may fail (stderr piped to a reader gone with ^C)
-        _say(f"specview serve: {sig.name}: finishing the step in flight")
+        loaded = self.worker is not None
+        self._request_stop(sig.name)  # first: saying so may fail (stderr piped to a reader gone with ^C)
+        _say(f"specview serve: {sig.name}: " + ("finishing the step in flight" if loaded else "stopping"))
 
     def stop_threadsafe(self) -> None:
         """From another thread (tests): as a signal would."""
-        self.loop.call_soon_threadsafe(self.worker.request_stop, "requested")
+        self.loop.call_soon_threadsafe(self._request_stop, "requested")
 
 
 def _say(line: str) -> None:
@@ -103,8 +175,6 @@ def _say(line: str) -> None:
 
 def listen(host: str, port: int) -> socket.socket:
     """Bind before loading the models: a busy port fails in a second, not after the load."""
-    from specview.core.errors import SpecviewError
-
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
@@ -116,25 +186,21 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve_command(args) -> int:
-    from specview.profiling.t_ar import time_target_token
-
     settings = Settings.from_args(args)
     profile_dir = args.profile_dir or settings.profile_dir
     ensure_writable_dir(profile_dir, "--profile-dir")
     sock = listen(args.host, args.port)
     stop = Stop()
     with stop.on_signals():
-        with stop.immediately():  # nothing to save yet: a signal while loading ends at once
-            session = open_session(settings, lambda text: print(text, file=sys.stderr, flush=True), background=True)
-            t_ar_ms = time_target_token(session.decoder("autoregressive"), session.prompt_ids)
-        served = Served(session, sock, token=args.token, queue_size=args.queue, cap=args.max_new_tokens_cap,
-                        max_body=args.max_body, profile_dir=profile_dir, t_ar_ms=t_ar_ms, stop=stop,
+        served = Served(settings, sock, token=args.token, queue_size=args.queue, cap=args.max_new_tokens_cap,
+                        max_body=args.max_body, profile_dir=profile_dir, stop=stop,
                         profile_max_steps=args.profile_max_steps or None)
         sock.listen(128)
-        drafters = ", ".join(d.spec for d in session.drafters) or "no drafter"
-        _say(f"specview serve: {session.target.spec} with {drafters} on {served.url} (ctrl+c stops)")
+        _say(f"specview serve: listening at {served.url} while the models load (GET /health; ctrl+c stops)")
         asyncio.run(served.serve(signals=SIGNALS))
     worker = served.worker
+    if worker is None:  # the load failed (said on stderr), or a signal stopped the server first
+        return 2 if served.state.status == "error" else 130
     if worker.profile_path:
         _say(f"profile written: {worker.profile_path}")
     if worker.profile_error:

@@ -19,7 +19,10 @@ PREDICTED = {"type": "object", "required": ["text", "generated_text", "summary"]
              "properties": {"text": {"type": "string"}, "generated_text": {"type": "string"},
                             "summary": {"$ref": "#/components/schemas/End"}}}
 HEALTH = {"type": "object", "required": ["status", "queue", "running"],
-          "properties": {"status": {"enum": ["ok", "stopping"]}, "queue": {"type": "integer", "minimum": 0},
+          "properties": {"status": {"enum": ["loading", "ok", "error", "stopping"]},
+                         "loading": {"type": ["string", "null"], "description": "what the load is doing, until ok"},
+                         "error": {"type": ["string", "null"], "description": "why the load failed (status error)"},
+                         "queue": {"type": "integer", "minimum": 0},
                          "running": {"type": "boolean"}, "target": {"type": "string"},
                          "drafters": {"type": "array", "items": {"type": "string"}}}}
 # each server-sent event: `data` is one JSON record (specview.events/1 plus `request`), `id` its number on /events
@@ -28,7 +31,8 @@ STREAM = {"text/event-stream": {"schema": {"type": "object", "required": ["data"
     "event": {"type": "string"}}}}}
 WHY = {400: "a drafter this server did not load", 401: "missing or wrong Bearer token",
        413: "the body is larger than --max-body", 422: "malformed: the field is named",
-       503: "the queue is full (Retry-After) or the server is stopping"}
+       503: "the queue is full (Retry-After), the models are loading (Retry-After), their load failed, or the "
+            "server is stopping"}
 
 
 def _errors(*codes: int) -> dict:

@@ -28,6 +28,7 @@ from specview.serve.client import iter_sse
 CONNECT_S = 10.0  # connecting and each read of a header; a stream itself may stay quiet for long
 BACKOFF_S = (0.5, 1, 2, 4, 8)  # waits between retries after a dropped connection (then 8 s each)
 POLL_S = 0.2  # how often a waiting step() looks whether the app is leaving
+LOADING_POLL_S = 0.5  # how often load() asks a server that is still loading its models
 
 
 class AttachBackend(RemoteBackend):
@@ -55,10 +56,13 @@ class AttachBackend(RemoteBackend):
 
     def load(self, on_progress):
         on_progress(f"asking {self.url}/health")
-        try:
-            health = self.client.get("/health").json()
-        except (httpx.HTTPError, ValueError) as err:
-            raise SpecviewError(f"cannot reach a specview server at {self.url}: {err}") from None
+        health = self._health()
+        while health.get("status") == "loading" and not self.leaving.is_set():  # it answers before its models load
+            on_progress(f"{self.url} is loading its models: {health.get('loading')}")
+            self.leaving.wait(LOADING_POLL_S)
+            health = self._health()
+        if health.get("status") == "error":
+            raise SpecviewError(f"the server at {self.url} failed to load its models: {health.get('error')}")
         self.drafters = health.get("drafters") or []
         if self.settings.draft in self.drafters:
             self.draft = self.settings.draft
@@ -76,6 +80,12 @@ class AttachBackend(RemoteBackend):
             self._reader(self._follow, self.inbox)
         self.info = info
         return info, RunInfo(self.run_index)
+
+    def _health(self) -> dict:
+        try:
+            return self.client.get("/health").json()
+        except (httpx.HTTPError, ValueError) as err:
+            raise SpecviewError(f"cannot reach a specview server at {self.url}: {err}") from None
 
     def step(self) -> StepView:
         if not self.follow and not self.sent:

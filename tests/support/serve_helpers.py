@@ -10,28 +10,57 @@ from contextlib import contextmanager
 import httpx
 
 from specview.core.settings import Settings
+from specview.serve import loading
 from specview.serve.client import iter_sse
 from specview.serve.command import Served, listen
-from specview.session import open_session
 
 TIMEOUT = 60.0  # generous: the machine is shared; nothing waits this long when things work
 
 
 @contextmanager
-def running_server(settings: Settings, **kw):
-    """Serve `settings`' pair on 127.0.0.1:<free port> from a thread; stop it (as a signal would) after."""
-    session = open_session(settings)
-    served = Served(session, listen("127.0.0.1", 0), profile_dir=settings.profile_dir, **kw)
+def running_server(settings: Settings, ready: bool = True, **kw):
+    """Serve `settings`' pair on 127.0.0.1:<free port> from a thread; stop it (as a signal would) after.
+    `ready`: yield once the models have loaded (else at once, while they load)."""
+    served = Served(settings, listen("127.0.0.1", 0), profile_dir=settings.profile_dir, **kw)
     served.sock.listen(128)
     thread = threading.Thread(target=asyncio.run, args=(served.serve(),), daemon=True)
     thread.start()
     try:
+        if ready:
+            with httpx.Client(base_url=served.url, timeout=TIMEOUT) as client:
+                wait_for(lambda health: health["status"] != "loading", "the models to load", client)
+            assert served.worker is not None, served.state.error
         yield served
     finally:
         if served.loop is not None:
             served.stop_threadsafe()
         thread.join(TIMEOUT)
         assert not thread.is_alive(), "the server did not stop"
+
+
+class HeldLoad:
+    """loading.load_session, held before it loads until `release` is set; `entered` is set once it is held."""
+
+    def __init__(self):
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.real = loading.load_session
+
+    def __call__(self, settings, say):
+        say("held by the test")
+        self.entered.set()
+        assert self.release.wait(TIMEOUT), "the test never released the load"
+        return self.real(settings, say)
+
+
+@contextmanager
+def holding_the_load(monkeypatch):
+    """Every server started meanwhile loads its models only once the HeldLoad yielded is released."""
+    held = HeldLoad()
+    monkeypatch.setattr(loading, "load_session", held)
+    try:
+        yield held
+    finally:
+        held.release.set()
 
 
 def stream_records(client: httpx.Client, path: str, body: dict | None = None, headers: dict | None = None):

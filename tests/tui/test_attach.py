@@ -1,6 +1,6 @@
 """`specview --attach`: the TUI's backend on a real `specview serve` (no textual needed: the backend is
 the engine side of the app). It gets the steps a request gets alone, follows other clients' requests,
-and loses no step when its connection drops."""
+loses no step when its connection drops, and waits for a server still loading its models."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 
 import httpx
 import pytest
-from serve_helpers import TIMEOUT, running_server
+from serve_helpers import TIMEOUT, holding_the_load, running_server
 
 import specview.tui.attach as attach
 from specview.core.errors import SpecviewError
@@ -123,5 +123,46 @@ def test_a_refused_token_is_the_servers_error_in_one_line(settings, follow):
             with pytest.raises(SpecviewError, match=r"^401: missing or wrong token"):
                 backend.step()
             assert backend.drops == 0 and backend.run_done
+        finally:
+            backend.close()
+
+
+def test_attaching_to_a_server_still_loading_waits_for_its_models(settings, monkeypatch):
+    """load() says the server is loading and returns once its models have loaded, with what they are."""
+    said, loading_said = [], threading.Event()
+
+    def progress(text):
+        said.append(text)
+        if "is loading its models: held by the test" in text:
+            loading_said.set()
+
+    with holding_the_load(monkeypatch) as held, running_server(settings, ready=False) as served:
+        assert held.entered.wait(TIMEOUT)
+        backend = AttachBackend(served.url, None, settings)
+        got: list = []
+        loader = threading.Thread(target=lambda: got.append(backend.load(progress)))
+        try:
+            loader.start()
+            assert loading_said.wait(TIMEOUT), said
+            assert not got  # still waiting: the models have not loaded
+            held.release.set()
+            loader.join(TIMEOUT)
+            [(info, run)] = got
+            assert info.device == f"cpu at {served.url}" and info.t_ar_ms is not None and run.index == 0
+            assert served.worker is not None and served.state.status == "ok"
+        finally:
+            backend.close()
+
+
+def test_attaching_to_a_server_whose_load_failed_says_why(settings, monkeypatch):
+    def fails(settings, say):
+        raise SpecviewError("cannot load nowhere")
+
+    monkeypatch.setattr("specview.serve.loading.load_session", fails)
+    with running_server(settings, ready=False) as served:  # load() waits while it loads, then sees the error
+        backend = AttachBackend(served.url, None, settings)
+        try:
+            with pytest.raises(SpecviewError, match="failed to load its models: cannot load nowhere"):
+                backend.load(lambda text: None)
         finally:
             backend.close()
