@@ -79,6 +79,11 @@ CASES = {
 def drafter_counts(target, drafter, cfg, k, vocab, prompt, samples=SAMPLES) -> tuple[np.ndarray, int, int]:
     """Counts of the first three tokens, and (drafted, rejected) over all runs: the test must see both."""
     decoder = Decoder(target, drafter, cfg, k=k, seed=99, ignore_eos=True)
+    return decoder_counts(decoder, vocab, prompt, samples)
+
+
+def decoder_counts(decoder, vocab, prompt, samples=SAMPLES) -> tuple[np.ndarray, int, int]:
+    """drafter_counts through a Decoder made elsewhere (a session's, as `specview run` makes it)."""
     counts, drafted, rejected = np.zeros(vocab**N_TOKENS), 0, 0
     for _ in range(samples):
         run = decoder.start(prompt, N_TOKENS)
