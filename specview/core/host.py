@@ -53,6 +53,19 @@ def cpu_summary() -> str:
     return f"{cpu_name()} ({' '.join(flags) or 'no AVX2'})"
 
 
+def available_memory_bytes() -> int | None:
+    """The memory the kernel says a new allocation can take without swapping (Linux's MemAvailable), or None where
+    it does not say."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def host_key() -> str:
     """The host, its CPU and its ISA: a VM image can wake up on other hardware (the same model name with
     another instruction set), so both are part of the key and a new CPU is probed again."""

@@ -83,8 +83,10 @@ def prepare(lm, mode: str, say=lambda msg: None, one_copy: bool = True, backgrou
 
     `background` (`--compile auto` in run, the TUI and serve): on a machine that has not settled this model's forward
     yet, it is built and probed on a thread of its own while the session runs transformers' forward; the engine takes
-    it between two steps (take_ready). bench and calibrate measure, so they wait."""
-    if background and mode == "auto" and _first_time(lm):
+    it between two steps (take_ready). bench and calibrate measure, so they wait. A model whose second copy would
+    take more than BACKGROUND_SHARE of the memory available is built before the first step instead (_too_big_to_double),
+    holding one copy throughout."""
+    if background and mode == "auto" and _first_time(lm) and not _too_big_to_double(lm, say):
         llama.uninstall(lm.model)
         # Laid out here, on the caller's thread, while no forward runs (it swaps parameters for views of fused
         # matrices); the build's thread chooses and packs each product's kernel, builds the functions and times them.
@@ -99,6 +101,25 @@ def prepare(lm, mode: str, say=lambda msg: None, one_copy: bool = True, backgrou
         if one_copy:
             choice.released_mb = round(runner.release_originals() / 2**20, 1)
     return choice
+
+
+BACKGROUND_SHARE = 0.25  # of the memory available: the most a background build's second copy of the weights may take
+
+
+def _too_big_to_double(lm, say) -> bool:
+    """Whether a background build, which holds the weights twice until the switch (the session reads the originals
+    while the copies are made), would take more than BACKGROUND_SHARE of the memory available: then the weights are
+    the process's largest cost, and a build before the first step, releasing each layer as its copies are made,
+    never holds them twice. A first start then waits for the build (with progress); every later start loads it."""
+    from specview.engine.memory import weights_mb
+
+    available = host.available_memory_bytes()
+    need = weights_mb(lm.model) * 2**20
+    if available is None or need <= BACKGROUND_SHARE * available:
+        return False
+    say(f"{lm.spec}: building the compiled forward before the first step: a build beside the session would hold "
+        f"the weights twice ({need / 2**30:.1f} GiB more, of {available / 2**30:.1f} GiB available)")
+    return True
 
 
 def _first_time(lm) -> bool:

@@ -181,3 +181,23 @@ def test_a_build_runs_below_the_session(small_vocab_pair):
     assert builds.finished(lm.model) is not None
     assert seen["build"] == min(19, session + builds.BUILD_NICENESS)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == session  # the session's own is untouched
+
+
+@pytest.mark.parametrize("available_gib, in_background", [(64.0, True), (None, True), (1e-6, False)])
+def test_a_model_too_big_to_hold_twice_is_built_before_the_first_step(small_vocab_pair, monkeypatch,
+                                                                      available_gib, in_background):
+    """A background build holds the weights twice until the switch: where that second copy would take more than
+    BACKGROUND_SHARE of the memory available, the forward is built before the first step instead, each layer's
+    originals released as its copies are made."""
+    lm = fresh(small_vocab_pair[0])
+    available = None if available_gib is None else int(available_gib * 2**30)
+    monkeypatch.setattr(fast_path.host, "available_memory_bytes", lambda: available)
+    monkeypatch.setattr(fast_path, "_first_time", lambda lm: True)  # a machine that has not settled this model
+    started, decided, said = [], [], []
+    monkeypatch.setattr(builds, "start", lambda model, spec, work, one_copy: started.append(spec))
+    monkeypatch.setattr(fast_path, "_decide", lambda lm, mode, say, background=False, release_as_made=False: (
+        decided.append(release_as_made) or (fast_path.ForwardChoice("eager", "a stand-in decision"), None)))
+    choice = fast_path.prepare(lm, "auto", said.append, one_copy=True, background=True)
+    assert choice.building == in_background and bool(started) == in_background
+    assert decided == ([] if in_background else [True])  # built here, never holding the weights twice
+    assert any("before the first step" in line for line in said) != in_background
