@@ -101,3 +101,17 @@ def test_check_mode_finds_a_stale_page(tmp_path):
     assert results.main(["--root", str(tmp_path)]) == 0
     assert results.main(["--root", str(tmp_path), "--check"]) == 0
     assert "| method |" in (tmp_path / "README.md").read_text(encoding="utf-8")
+
+
+def test_a_bench_files_memory_is_kept_and_shown():
+    """bench records the peak RSS beside the weights (one copy of each); the results file keeps both and the page
+    shows them with their ratio. A file from before has no memory row, not a made-up one."""
+    bench = {"schema": "specview.bench/1", "meta": {"cpu": "Some CPU (x)", "cpu_flags": ["avx2"], "threads": 1},
+             "config": {"target": "t", "draft": "d", "k": 4, "max_new_tokens": 8, "temperature": 0, "num_runs": 1},
+             "methods": {"autoregressive": {"tokens_per_s": 1.0}},
+             "memory": {"peak_rss_mb": 7500.0, "weights_total_mb": 6871.0}}
+    doc = results.distill(bench, "m")
+    assert doc["memory"] == {"peak_rss_mb": 7500.0, "weights_total_mb": 6871.0}
+    assert "| memory | peak RSS 7,500 MiB for 6,871 MiB of weights (1.09x) |" in results.section(doc)
+    del doc["memory"]
+    assert not any(line.startswith("| memory |") for line in results.section(doc))

@@ -53,6 +53,7 @@ def distill(bench: dict, name: str, cores: int | None = None) -> dict:
         "same_tokens": {method: (s or {}).get("same") for method, s in (bench.get("same_tokens") or {}).items()},
         "drafters": {spec: {key: d.get(key) for key in METRICS} for spec, d in (bench.get("drafters") or {}).items()},
         "bandwidth_gbs": roofline.get("bandwidth_gbs"),
+        "memory": {key: (bench.get("memory") or {}).get(key) for key in ("peak_rss_mb", "weights_total_mb")},
     }
 
 
@@ -100,6 +101,15 @@ def methods_table(doc: dict) -> list[str]:
     return lines
 
 
+def memory_row(doc: dict) -> list[str]:
+    """The process's peak RSS beside the weights it holds (one copy of each: design.md §15), where the file has it."""
+    memory = doc.get("memory") or {}
+    peak, weights = memory.get("peak_rss_mb"), memory.get("weights_total_mb")
+    if peak is None or not weights:
+        return []
+    return [f"| memory | peak RSS {peak:,.0f} MiB for {weights:,.0f} MiB of weights ({peak / weights:.2f}x) |"]
+
+
 def section(doc: dict) -> list[str]:
     v = doc["versions"]
     out = [f"## {doc['name']}", "", "| | |", "|---|---|",
@@ -109,6 +119,7 @@ def section(doc: dict) -> list[str]:
            f"| load average (1 min) at start, end | {num(doc['load_avg']['start'])}, {num(doc['load_avg']['end'])} |",
            f"| memory bandwidth (probe) | {num(doc['bandwidth_gbs'], 1, ' GB/s')} |",
            f"| forwards | {', '.join(f'{spec}: {mode}' for spec, mode in doc['forwards'].items()) or 'n/a'} |",
+           *memory_row(doc),
            f"| command | `{command(doc)}` |", ""]
     out += methods_table(doc) + [""]
     out += ["| drafter | acceptance | tokens/step | target ms/token | draft ms/token | c | v | theoretical | "
