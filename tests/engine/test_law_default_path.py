@@ -15,7 +15,7 @@ import pytest
 import torch
 from laws import SAMPLES, decoder_counts, exact_joint, tv, tv_threshold
 
-import specview.engine.decoder as engine
+import specview.engine.accept_rule as accept_rule
 import tiny
 from specview.core.settings import Settings
 from specview.cpu import fast_path
@@ -127,14 +127,14 @@ def test_speculative_sampling_keeps_the_target_law_on_the_default_path(session, 
 
 def test_an_accept_rule_that_keeps_every_draft_is_caught_on_the_default_path(session, monkeypatch):
     law = exact(session)
-    monkeypatch.setattr(engine, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
+    monkeypatch.setattr(accept_rule, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
     counts, _, _ = compiled_counts(session, monkeypatch)
     assert tv(counts, law) > tv_threshold(law)
 
 
 def test_a_residual_that_is_the_target_law_is_caught_on_the_default_path(session, monkeypatch):
     law = exact(session)
-    monkeypatch.setattr(engine, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(accept_rule, "residual_distribution", lambda p, q: p)
     counts, _, _ = compiled_counts(session, monkeypatch)
     assert tv(counts, law) > tv_threshold(law)
 
