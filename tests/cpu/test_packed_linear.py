@@ -37,6 +37,41 @@ def test_active_path_is_the_same_product(rows, bias):
     torch.testing.assert_close(fast, stock, rtol=1e-5, atol=1e-5)
 
 
+def test_active_is_the_calling_threads_alone(monkeypatch):
+    """A background build's probe runs transformers' forward on packed copies (inside active()) while the session's
+    steps run that forward on another thread: theirs stay the stock product."""
+    import threading
+
+    packed_calls = []
+    product = packed_linear.product
+    monkeypatch.setattr(packed_linear, "product", lambda *args: packed_calls.append(1) or product(*args))
+    lin = _linear()
+    packed_linear.install(lin)
+    x = torch.randn(5, 48)
+    inside, outside = threading.Event(), threading.Event()
+    seen = {}
+
+    def probe():
+        with torch.inference_mode(), packed_linear.active():
+            inside.set()
+            outside.wait(30)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        with torch.inference_mode():
+            seen["session"] = lin(x)
+            stock = F.linear(x, lin.weight, lin.bias)
+    finally:
+        outside.set()
+        thread.join(30)
+    assert torch.equal(seen["session"], stock) and not packed_calls
+    with torch.inference_mode(), packed_linear.active():
+        lin(x)
+    assert packed_calls  # (the probe's own thread does take the copy)
+
+
 def test_bfloat16_when_supported():
     if not packed_linear.supported(torch.bfloat16):
         pytest.skip("no oneDNN bfloat16 on this CPU")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 import types
 import weakref
@@ -46,7 +47,9 @@ from specview.cpu.matmul import onnx_mlas, thin_kernels
 
 MAX_ROWS = 1024  # packed wins at every size measured (1 to 512 rows: prefill too, ~2x); beyond, torch's path
 PACK_ROWS = 5  # the row count oneDNN picks its weight layout for (flat from 1 to 8 rows)
-_active = 0  # > 0 inside active(); a counter so nested use is harmless
+# > 0 inside active() on this thread (a counter so nested use is harmless): a background build's probe runs
+# transformers' forward on packed copies while the session's own steps, on another thread, must not
+_active = threading.local()
 # module -> ((data_ptr, dtype, version) of the weight it was packed from, packed weight). Kept off the
 # module so deepcopy / state_dict never see it; a weight replaced, cast or changed in place repacks.
 _packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -54,12 +57,11 @@ _packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 @contextmanager
 def active():
-    global _active
-    _active += 1
+    _active.depth = getattr(_active, "depth", 0) + 1
     try:
         yield
     finally:
-        _active -= 1
+        _active.depth -= 1
 
 
 @functools.cache
@@ -481,7 +483,7 @@ def _packed_weight(module: torch.nn.Linear) -> torch.Tensor | None:
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     w = self.weight
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (not _active or not 0 < rows <= MAX_ROWS or x.dtype != w.dtype or w.device.type != "cpu"
+    if (not getattr(_active, "depth", 0) or not 0 < rows <= MAX_ROWS or x.dtype != w.dtype or w.device.type != "cpu"
             or (w.requires_grad or x.requires_grad) and torch.is_grad_enabled()):
         return F.linear(x, w, self.bias)
     packed = _packed_weight(self)
