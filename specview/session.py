@@ -161,10 +161,10 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
         torch.set_num_threads(settings.threads)
     device = resolve_device(settings.device)
     notes: list[str] = []
-    int4_problem = None if settings.device_map else int4_device_problem(device)
-    if with_draft and draft_for_device(settings.draft, int4_problem is None) != settings.draft:
+    int4_problem, default_problem = (None, None) if settings.device_map else int4_problems(device)
+    if with_draft and draft_for_device(settings.draft, default_problem is None) != settings.draft:
         chosen = draft_for_device(settings.draft, False)
-        notes.append(f"default draft on {device.type}: {chosen} (@int4 has no kernel here)")
+        notes.append(f"default draft on {device.type}: {chosen} ({default_problem})")
         say(notes[-1])
         settings.draft = chosen
         specs = split_specs(chosen)
@@ -202,10 +202,11 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
     return Session(settings, target, drafters, prompt_ids, device, time.perf_counter() - t0, notes, forwards)
 
 
-def int4_device_problem(device: torch.device) -> str | None:
-    from specview.models.int4 import device_problem
+def int4_problems(device: torch.device) -> tuple[str | None, str | None]:
+    """(why an @int4 spec cannot run on `device`, why the default draft is not @int4 there): None where it is."""
+    from specview.models.int4 import default_problem, device_problem
 
-    return device_problem(device)
+    return device_problem(device), default_problem(device)
 
 
 def check_int4_specs(target: str, drafts: list[str], problem: str | None) -> None:
