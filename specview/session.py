@@ -58,7 +58,7 @@ class Session:
     def memory(self) -> dict:
         """Peak RSS since the process started, beside the bytes of each model's weights (the fast path's copies
         included, each storage once): what decides whether a machine can hold the pair (run -v, bench)."""
-        from specview.engine.memory import peak_rss_mb, weights_mb
+        from specview.engine.memory import MB, peak_rss_mb, weights_mb
 
         models = {self.target.spec: self.target.model}
         for drafter in self.drafters:
@@ -66,8 +66,11 @@ class Session:
             if lm is not None and lm.model is not self.target.model:
                 models.setdefault(lm.spec, lm.model)
         weights = {spec: round(weights_mb(model), 1) for spec, model in models.items()}
-        return {"peak_rss_mb": round(peak_rss_mb(), 1), "weights_mb": weights,
-                "weights_total_mb": round(sum(weights.values()), 1)}
+        out = {"peak_rss_mb": round(peak_rss_mb(), 1), "weights_mb": weights,
+               "weights_total_mb": round(sum(weights.values()), 1)}
+        if self.device.type == "mps":  # unified memory: RSS does not count the GPU's buffers, the driver's total does
+            out["mps_driver_mb"] = round(torch.mps.driver_allocated_memory() / MB, 1)
+        return out
 
     def cost_curve(self):
         """This machine's cost curve for the target (`specview calibrate`), or None."""
@@ -158,10 +161,10 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
         torch.set_num_threads(settings.threads)
     device = resolve_device(settings.device)
     notes: list[str] = []
-    int4_problem = None if settings.device_map else int4_device_problem(device)
-    if with_draft and draft_for_device(settings.draft, int4_problem is None) != settings.draft:
+    int4_problem, default_problem = (None, None) if settings.device_map else int4_problems(device)
+    if with_draft and draft_for_device(settings.draft, default_problem is None) != settings.draft:
         chosen = draft_for_device(settings.draft, False)
-        notes.append(f"default draft on {device.type}: {chosen} (@int4 has no kernel here)")
+        notes.append(f"default draft on {device.type}: {chosen} ({default_problem})")
         say(notes[-1])
         settings.draft = chosen
         specs = split_specs(chosen)
@@ -199,10 +202,11 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
     return Session(settings, target, drafters, prompt_ids, device, time.perf_counter() - t0, notes, forwards)
 
 
-def int4_device_problem(device: torch.device) -> str | None:
-    from specview.models.int4 import device_problem
+def int4_problems(device: torch.device) -> tuple[str | None, str | None]:
+    """(why an @int4 spec cannot run on `device`, why the default draft is not @int4 there): None where it is."""
+    from specview.models.int4 import default_problem, device_problem
 
-    return device_problem(device)
+    return device_problem(device), default_problem(device)
 
 
 def check_int4_specs(target: str, drafts: list[str], problem: str | None) -> None:
@@ -255,8 +259,13 @@ def start_event(session: Session, method: str, num_runs: int, settings: Settings
 
 
 def memory_line(memory: dict) -> str:
-    """Session.memory() in one line: the peak, and the weights it has to hold."""
+    """Session.memory() in one line: the peak, and the weights it has to hold. On MPS the weights sit in GPU
+    buffers that RSS does not count: the line says so and gives the driver's total instead of a peak / weights."""
     parts = ", ".join(f"{spec} {mb:,.0f}" for spec, mb in memory["weights_mb"].items())
+    line = (f"memory: peak RSS {memory['peak_rss_mb']:,.0f} MiB; weights {memory['weights_total_mb']:,.0f} MiB "
+            f"({parts})")
+    if memory.get("mps_driver_mb") is not None:
+        return line + (f"; RSS does not include GPU buffers (unified memory): the MPS driver holds "
+                       f"{memory['mps_driver_mb']:,.0f} MiB")
     ratio = memory["peak_rss_mb"] / memory["weights_total_mb"] if memory["weights_total_mb"] else None
-    return (f"memory: peak RSS {memory['peak_rss_mb']:,.0f} MiB; weights {memory['weights_total_mb']:,.0f} MiB "
-            f"({parts})" + (f"; peak / weights {ratio:.2f}x" if ratio else ""))
+    return line + (f"; peak / weights {ratio:.2f}x" if ratio else "")

@@ -74,7 +74,7 @@ def steps(device: str, python: str, work: str) -> list[tuple[str, list[str], set
     # On the CPU (the script's own check) the compiled forward's first build would take most of a step's limit.
     common = ["--device", device, "-N", "24", "--quiet", "--profile-dir", work] + (
         ["--compile", "off"] if device == "cpu" else [])
-    int4_ok = {0, 2}  # 2: refused before loading (MPS, CUDA below 8.0); the probe reports which
+    int4_ok = {0, 2}  # 2: refused before loading (MPS before macOS 14, CUDA below 8.0); the probe reports which
     prof = os.path.join(work, "smoke")
     out = [
         ("run, default draft", sv + ["run"] + common, {0}),

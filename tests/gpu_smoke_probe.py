@@ -1,6 +1,7 @@
 """The in-process parts of `make gpu-smoke` (tests/gpu_smoke.py runs this with the GPU venv's python):
 
-    gpu_smoke_probe.py probe DEVICE    phases against a synchronised clock, syncs per step, peak memory after a reset
+    gpu_smoke_probe.py probe DEVICE    phases against a synchronised clock, syncs per step, peak memory after a reset,
+                                       an @int4 layer on the device against the CPU's
     gpu_smoke_probe.py stream DEVICE   the TUI's engine stream: load, three steps, quit
     gpu_smoke_probe.py report FOLDER   `specview report` on the profile the --profile step wrote there
 
@@ -78,6 +79,30 @@ def probe(device: str) -> None:
             f"peak memory restarts per run ({peak:.0f} MiB this run)")
     else:
         print("SKIP  sync count and peak reset: CUDA only (MPS has no sync debug mode or peak figure)")
+    int4_agrees(session.device)
+
+
+def int4_agrees(device) -> None:
+    """An @int4 layer on the device against the same codes on the CPU's kernel: the device's packing (models/int4.py
+    device_bytes, read from torch's code, never run) multiplies by the same matrix."""
+    import torch
+
+    from specview.models import int4
+
+    problem = int4.device_problem(device)
+    if problem or device.type == "cpu":
+        print(f"SKIP  @int4 against the CPU: {problem or 'on the CPU'}")
+        return
+    g = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(576, 1536, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(1536, 576, generator=g))
+    x = torch.randn(3, 576, generator=g)  # three rows: a verify's, and the first row a draft's
+    want = int4.Int4Linear(linear)(x).float()
+    moved = int4.to_device(torch.nn.Sequential(int4.Int4Linear(linear)), device)
+    got = moved[0](x.to(device)).float().cpu()
+    err = float((got - want).abs().max() / want.abs().max())
+    say(err < 1e-2, f"@int4 on {device} multiplies as on the CPU (largest difference {err:.1e} of the largest output)")
 
 
 def stream(device: str) -> None:

@@ -18,14 +18,16 @@ DEFAULT_DRAFT = BUNDLED_ALIAS + "@int4+head"
 EXACT_DRAFT = BUNDLED_ALIAS + "@int4"
 BENCH_DRAFTS = f"{DEFAULT_DRAFT},{EXACT_DRAFT}"  # bench's default: the real-pair draft and the fastest one
 EVAL_DRAFTS = DEFAULT_DRAFT + ",ngram"  # eval's default: the default draft model and prompt lookup
-# Where @int4 has no kernel (MPS; CUDA below compute capability 8.0), the default drafts are the half-precision copy
-# of the target: a real draft there, loaded without a kernel the device lacks.
+# Where the default cannot be @int4 (models/int4.default_problem: CUDA below compute capability 8.0; MPS, whose int4
+# kernel runs when asked but has never run on a Mac), the default drafts are the half-precision copy of the target:
+# a real draft there, loaded without a kernel the device lacks or nobody has run.
 NO_INT4_DRAFT = BUNDLED_ALIAS + "@float16"
 
 
 def draft_for_device(draft: str, int4_runs: bool) -> str:
     """`draft` as a device runs it: a default list (run's, bench's, eval's: the same text typed counts as the
-    default) with its int4 copies replaced by NO_INT4_DRAFT where int4 has no kernel; anything else as given."""
+    default) with its int4 copies replaced by NO_INT4_DRAFT where `int4_runs` is False (the default cannot be int4
+    there); anything else as given."""
     if int4_runs or draft not in (DEFAULT_DRAFT, BENCH_DRAFTS, EVAL_DRAFTS):
         return draft
     out: list[str] = []

@@ -52,8 +52,28 @@ def synchronize(device: torch.device | str) -> None:
         torch.mps.synchronize()
 
 
+# MPS keeps no peak counter (torch.mps has current_allocated_memory and driver_allocated_memory only): its peak is
+# the largest tensor allocation seen at the step edges since reset_peak, so allocations freed inside a step (a
+# forward's activations) are not in it.
+_mps_peak = [0]
+
+
 def reset_peak(device: torch.device | str) -> None:
     """Start the device's peak-memory figure again (each run's peak is its own, not loading's or a probe's)."""
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    elif device.type == "mps":
+        _mps_peak[0] = torch.mps.current_allocated_memory()
+
+
+def peak_allocated(device: torch.device | str) -> int | None:
+    """The device's peak tensor allocation in bytes since reset_peak: CUDA's own counter; on MPS a sample, taken
+    here (called at each step's end), against the samples before it; None on the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    if device.type == "mps":
+        _mps_peak[0] = max(_mps_peak[0], torch.mps.current_allocated_memory())
+        return _mps_peak[0]
+    return None

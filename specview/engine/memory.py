@@ -8,6 +8,8 @@ import sys
 import psutil
 import torch
 
+import specview.engine.device as devices
+
 _PROCESS = psutil.Process()
 MB = 1024 * 1024
 _STATM: tuple[int, int] | None = None  # (pid, descriptor of its statm)
@@ -30,7 +32,13 @@ def rss_mb() -> float:
 
 def memory_mb(device: torch.device, placed: list[str] | tuple = ()) -> dict:
     """RSS and the device's figures; with a model over several devices (`placed`, placement.placed_devices),
-    also `devices`: {"cuda:0": allocated MiB, "cpu": null, "disk": null, ...} (null: counted in RSS, or on disk)."""
+    also `devices`: {"cuda:0": allocated MiB, "cpu": null, "disk": null, ...} (null: counted in RSS, or on disk).
+
+    CUDA: tensors allocated, the caching allocator's reserved pool, the peak since the run's start. MPS has no
+    reserved pool nor peak counter: tensors allocated (current_allocated_memory), `device_driver` (the Metal
+    driver's total for the process, driver_allocated_memory: tensors, cached blocks and the driver's own) and the
+    peak sampled at step edges (device.peak_allocated); `device_reserved` stays null. On a Mac's unified memory RSS
+    does not count the GPU's buffers: the device figures are the only ones that do."""
     out: dict[str, float | None] = {
         "rss": rss_mb(),
         "device_allocated": None,
@@ -40,10 +48,11 @@ def memory_mb(device: torch.device, placed: list[str] | tuple = ()) -> dict:
     if device.type == "cuda":
         out["device_allocated"] = torch.cuda.memory_allocated(device) / MB
         out["device_reserved"] = torch.cuda.memory_reserved(device) / MB
-        out["device_peak"] = torch.cuda.max_memory_allocated(device) / MB
     elif device.type == "mps":
         out["device_allocated"] = torch.mps.current_allocated_memory() / MB
-        out["device_reserved"] = torch.mps.driver_allocated_memory() / MB
+        out["device_driver"] = torch.mps.driver_allocated_memory() / MB
+    peak = devices.peak_allocated(device)
+    out["device_peak"] = None if peak is None else peak / MB
     if len(placed) > 1:
         out["devices"] = {name: torch.cuda.memory_allocated(name) / MB if name.startswith("cuda") else None
                           for name in placed}

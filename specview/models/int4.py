@@ -16,9 +16,14 @@ bfloat16. Checked on the bundled model (gguf's GGUFReader, q/k rows put back in 
 order): the claim holds, the codes equal the GGUF's in all 210 layer matrices, every one of the 3.3M
 blocks has both q = 0 and q = 15, and the bfloat16 scales are within 0.4% of the GGUF's float16 d.
 
-CUDA has the same math as `aten._weight_int4pack_mm` (tinygemm, compute capability 8.0+, weights
-packed from uint8 [N, K / 2], even index in the high nibble). That branch is small and untested here
-(no GPU on the machine this was written on). MPS and other devices raise SpecviewError.
+CUDA and MPS have the same math as `aten._weight_int4pack_mm`, their weights packed by
+`aten._convert_weight_to_int4pack` from the same input (pytorch#129940): uint8 [N, K / 2], code 2j in the high
+nibble of byte j and code 2j + 1 in the low one (device_bytes). CUDA's is tinygemm (compute capability 8.0+); MPS's
+packer swaps each byte's nibbles and its Metal kernel reads code k from the low nibble of byte k / 2, scaled as
+(q - 8) * scale + zero, for bfloat16, which MPS has from macOS 14 (read in torch's
+aten/src/ATen/native/mps/kernels/Quantized.metal; tests/models/test_int4_mps.py replays that reading). Both
+branches are untested on a device (no GPU or Mac on the machine this was written on); other devices raise
+SpecviewError.
 """
 
 from __future__ import annotations
@@ -40,7 +45,9 @@ CODES_FORMAT = 3  # 2: a 4-bit head weighed by head_importance; 3: its centred f
 GROUP_SIZE = 32
 GROUP_SIZES = (32, 64, 128, 256)  # the kernels accept no others
 REFIT_ROWS = 4096  # output rows quantize() fits at a time: ~50 MB of temporaries for a 576-wide head, not ~0.6 GB
-N_MULTIPLE = {"cpu": 16, "cuda": 8}  # the CPU packer works on 16 output rows at a time; tinygemm on 8
+# The CPU packer works on 16 output rows at a time; tinygemm on 8; MPS's packed shape is CUDA's, [N / 8, ...]
+N_MULTIPLE = {"cpu": 16, "cuda": 8, "mps": 8}
+DEVICE_KERNELS = ("cuda", "mps")  # devices whose int4 ops are aten._convert_weight_to_int4pack / _weight_int4pack_mm
 aten = torch.ops.aten
 
 
@@ -115,11 +122,22 @@ def join_halves(halves: torch.Tensor, dtype: torch.dtype = torch.int32) -> torch
     return torch.cat([(halves & 15).to(dtype), (halves >> 4).to(dtype)], dim=1)
 
 
+def device_bytes(codes: torch.Tensor) -> torch.Tensor:
+    """codes int32 [N, K] -> what CUDA's and MPS's packer takes: uint8 [N, K / 2], code 2j in the high nibble of
+    byte j and code 2j + 1 in the low one (not split_halves' order, which is specview's own)."""
+    return (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8).contiguous()
+
+
+def device_tiles(k: int) -> int:
+    """The inner k tiles _convert_weight_to_int4pack is given for K = k: tinygemm's layout; MPS only sizes its
+    output by them (the same N * K / 2 bytes, nibbles swapped, in an int32 [N / 8, K / (16 tiles), 32, tiles / 2]).
+    k % 32 == 0 always holds (group >= 32), so 2 fits at least."""
+    return next(t for t in (8, 4, 2) if k % (16 * t) == 0)
+
+
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
-    if codes.device.type == "cuda":  # untested here: no GPU
-        k = codes.shape[1]
-        tiles = next(t for t in (8, 4, 2) if k % (16 * t) == 0)  # k % 32 == 0 always holds (group >= 32)
-        return aten._convert_weight_to_int4pack((codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8), tiles)
+    if codes.device.type in DEVICE_KERNELS:  # untested here: no GPU or Mac
+        return aten._convert_weight_to_int4pack(device_bytes(codes), device_tiles(codes.shape[1]))
     return aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)  # the CPU packer ignores tiles
 
 
@@ -176,7 +194,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
-        mm = aten._weight_int4pack_mm if x2.device.type == "cuda" else aten._weight_int4pack_mm_for_cpu
+        mm = aten._weight_int4pack_mm if x2.device.type in DEVICE_KERNELS else aten._weight_int4pack_mm_for_cpu
         y = mm(x2, self.packed, self.group_size, self.scales_and_zeros)
         if self.bias is not None:
             y = y + self.bias
@@ -256,8 +274,7 @@ def _shape(module: nn.Module) -> tuple[int, int]:
 
 
 def device_problem(device) -> str | None:
-    """Why @int4 cannot run on `device` (one line), or None: known before any model is loaded. MPS has a
-    _weight_int4pack_mm too, but its packing has not been checked against this module's on a Mac: not enabled."""
+    """Why @int4 cannot run on `device` (one line), or None: known before any model is loaded."""
     device = torch.device(device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -265,10 +282,30 @@ def device_problem(device) -> str | None:
         major, minor = torch.cuda.get_device_capability(device)
         if major < 8:  # tinygemm uses bfloat16 tensor cores
             return f"@int4 has no kernel for device cuda here: needs compute capability 8.0+, got {major}.{minor}"
+    elif device.type == "mps":
+        if not _macos_14():  # the int4 copy runs in bfloat16, which MPS has from macOS 14
+            return "@int4 has no kernel for device mps here: it runs in bfloat16, which MPS has from macOS 14"
     elif device.type != "cpu":
-        return (f"@int4 has no kernel for device {device.type} here: torch's int4 matmul runs on CPU and CUDA (8.0+) "
-                "only; use --device cpu or another --draft")
+        return (f"@int4 has no kernel for device {device.type} here: torch's int4 matmul runs on CPU, CUDA (8.0+) "
+                "and MPS only; use --device cpu or another --draft")
     return None
+
+
+def _macos_14() -> bool:
+    try:
+        return torch.backends.mps.is_macos_or_newer(14, 0)
+    except (AttributeError, RuntimeError):  # no MPS backend in this torch
+        return False
+
+
+def default_problem(device) -> str | None:
+    """Why the default draft is not an @int4 copy on `device`, or None. MPS runs an @int4 spec given to it, but its
+    kernel has never run on a Mac: the default stays the float16 copy there until `make gpu-smoke` has passed on
+    one (docs/guide/gpu.md)."""
+    problem = device_problem(device)
+    if problem is None and torch.device(device).type == "mps":
+        return "@int4 runs on mps only when asked: its kernel has not run on a Mac yet"
+    return problem
 
 
 def check_int4_supported(model: nn.Module, device, group_size: int = GROUP_SIZE, head: bool = False) -> None:

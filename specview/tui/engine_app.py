@@ -14,6 +14,7 @@ from textual.widgets import Footer, Static
 
 from specview.core.errors import SpecviewError
 from specview.core.events import fmt
+from specview.core.stopping import Stop
 from specview.engines.watch import NO_P_Q, EngineWatch, Figures
 
 POLL_S = 1.0
@@ -52,6 +53,7 @@ class EngineApp(App):
         self.watch = watch
         self.loaded = self.load_finished = True  # run_tui's contract: nothing loads here, no profile is written
         self.quitting, self.profile_path, self.backend = False, None, _NoBackend(watch)
+        self.stop = Stop()  # run_tui's too: a signal or a hung-up terminal sets it on its way out (no step to stop)
         self.polled: tuple[Figures, Figures | None] | None = None
         self.answered: Figures | None = None
         self.status = ""

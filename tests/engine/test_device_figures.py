@@ -191,3 +191,44 @@ def test_device_traces_place_phases_by_their_events(monkeypatch):
     [(name, part, a, b)] = timer.last.nested_spans
     assert ((a - t0) * 1000 / scale, (b - t0) * 1000 / scale) == pytest.approx((4, 5))
     assert (name, part) == ("layernorm", "verify")
+
+
+@pytest.fixture
+def mps_memory(monkeypatch):
+    """torch.mps's two memory figures, set by the test (MiB): what memory_mb reads on device type mps."""
+    from specview.engine.memory import MB
+
+    figures = {"allocated": 0, "driver": 0}
+    monkeypatch.setattr(torch.mps, "current_allocated_memory", lambda: figures["allocated"] * MB)
+    monkeypatch.setattr(torch.mps, "driver_allocated_memory", lambda: figures["driver"] * MB)
+    return figures
+
+
+def test_mps_memory_names_the_driver_total_and_samples_the_peak(mps_memory):
+    """On MPS 'reserved' was the driver's total and the peak was missing: MPS has no pool and no peak counter."""
+    from specview.engine.memory import memory_mb
+
+    mps = torch.device("mps")
+    mps_memory.update(allocated=100, driver=900)
+    devices.reset_peak(mps)  # a run starts
+    mps_memory["allocated"] = 300
+    memory_mb(mps)  # the end of a step
+    mps_memory["allocated"] = 200
+    figures = memory_mb(mps)
+    assert figures["device_allocated"] == 200 and figures["device_driver"] == 900
+    assert figures["device_reserved"] is None  # no caching pool to report; the driver's total is not one
+    assert figures["device_peak"] == 300  # the largest allocation seen at a step's edge since the run started
+    devices.reset_peak(mps)  # the next run's peak is its own
+    assert memory_mb(mps)["device_peak"] == 200
+
+
+def test_the_mps_memory_line_says_rss_misses_gpu_buffers(mps_memory, gpt2_paths):
+    from specview.session import memory_line
+
+    session = open_session(Settings(target=gpt2_paths[0], draft=gpt2_paths[1], prompt="w1", device="cpu"))
+    assert "GPU" not in memory_line(session.memory()) and "peak / weights" in memory_line(session.memory())
+    mps_memory["driver"] = 1234
+    session.device = torch.device("mps")  # what memory() reads of the session on a Mac
+    line = memory_line(session.memory())
+    assert "RSS does not include GPU buffers" in line and "MPS driver holds 1,234 MiB" in line
+    assert "peak / weights" not in line  # the weights sit in GPU buffers, outside RSS

@@ -27,3 +27,23 @@ async def test_the_memory_panel_lists_every_device():
         panel.show(stats, device="cuda:0")
         text = panel.render().plain
     assert "cuda:1 420" in text and "cuda:0 300" in text and "cpu in rss" in text and "disk offloaded" in text
+
+
+async def test_the_memory_panel_shows_the_mps_driver_total_beside_rss():
+    """On MPS the driver's total holds the GPU's buffers, which rss does not count (unified memory)."""
+    stats = LiveStats()
+    stats.add(StepResult(step=0, drafted=[], q=[], p=[], r=[], accepted=0, rejected_at=None, resampled=None,
+                         residual_top=None, bonus=5, emitted=[5],
+                         memory_mb={"rss": 900.0, "device_allocated": 300.0, "device_reserved": None,
+                                    "device_peak": 310.0, "device_driver": 1200.0}))
+
+    class Show(App):
+        def compose(self):
+            yield MemoryPanel()
+
+    app = Show()
+    async with app.run_test(size=(60, 20)):
+        panel = app.query_one(MemoryPanel)
+        panel.show(stats, device="mps")
+        text = panel.render().plain
+    assert "mps alloc 300" in text and "driver 1200  (not in rss)" in text

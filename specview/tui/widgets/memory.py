@@ -1,4 +1,4 @@
-"""Memory: process RSS and, where there is a device, allocated and peak; RSS as a sparkline."""
+"""Memory: process RSS and, where there is a device, allocated and peak (and MPS's driver total); RSS as a sparkline."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ class MemoryPanel(StatsPanel):
             out.append(f"{alloc[-1]:.0f}", style="bold")
             out.append(f"  peak {fmt(max(peak) if peak else None, '{:.0f}')}\n", style="dim")
             out.append(sparkline(alloc, width) + "\n", style="magenta")
+            driver = st.steps[-1].memory_mb.get("device_driver")
+            if driver is not None:  # MPS: the Metal driver's total (unified memory: not in rss)
+                out.append("driver ", style="dim")
+                out.append(f"{driver:.0f}", style="bold")
+                out.append("  (not in rss)\n", style="dim")
         else:
             out.append(f"{self.device or 'cpu'}: no device memory\n", style="dim")
         for name, mb in (st.steps[-1].memory_mb.get("devices") or {}).items():  # --device-map: each device
