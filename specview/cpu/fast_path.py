@@ -111,10 +111,10 @@ def _too_big_to_double(lm, say) -> bool:
     while the copies are made), would take more than BACKGROUND_SHARE of the memory available: then the weights are
     the process's largest cost, and a build before the first step, releasing each layer as its copies are made,
     never holds them twice. A first start then waits for the build (with progress); every later start loads it."""
-    from specview.engine.memory import weights_mb
-
     available = host.available_memory_bytes()
-    need = weights_mb(lm.model) * 2**20
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in [*lm.model.parameters(), *lm.model.buffers()] if t.device.type == "cpu"}
+    need = sum(storages.values())
     if available is None or need <= BACKGROUND_SHARE * available:
         return False
     say(f"{lm.spec}: building the compiled forward before the first step: a build beside the session would hold "
