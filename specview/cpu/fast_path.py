@@ -175,6 +175,13 @@ def _decide(lm, mode: str, say, background: bool = False, release_as_made: bool 
         say(f"loading {lm.spec}'s one-row forward (the first time on a machine, it is built: about 10 s a function)")
     else:
         say(f"compiling {lm.spec}'s one-row forward (inductor; cached on disk after the first time)")
+    # A model that is not to be held twice has transformers' forward timed now, on its originals alone, and its
+    # compiled forward once the runner holds the copies: apart, not interleaved (which would hold both).
+    eager_ms = None
+    if release_as_made and mode == "auto" and not (decided and decided.get("mode") == "compiled"):
+        say(f"timing {lm.spec}'s one-token forward on transformers' forward (once on a machine)")
+        eager_ms = _time_eager(lm)
+        packed_linear.drop_packs(model)
     t0 = time.perf_counter()
     say(f"choosing the kernel of each of {lm.spec}'s products (timed once on a machine)")
     runner = family(model, True, "mm", release_as_made=release_as_made)
@@ -199,7 +206,7 @@ def _decide(lm, mode: str, say, background: bool = False, release_as_made: bool 
     if (decided and decided.get("mode") == "compiled" and decided.get("one_row") == runner.gemv
             and decided.get("head", "dense") == head):
         return ForwardChoice("compiled", f"{decided.get('why', '')}; {how}", pieces, compile_s), runner
-    compiled_ms, eager_ms = _probe_forward(lm, runner)
+    compiled_ms, eager_ms = _probe_forward(lm, runner, eager_ms)
     choice = "compiled" if compiled_ms < GAIN * eager_ms else "eager"
     why = f"one-token forward {compiled_ms:.1f} ms compiled against {eager_ms:.1f} ms eager (probe)"
     cached = host.read_cached(CHOICE_FILE)  # again: one_row_kernel stored its choice since the first read
@@ -210,7 +217,8 @@ def _decide(lm, mode: str, say, background: bool = False, release_as_made: bool 
                        "one_row": runner.gemv, "head": head, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         host.store_cached(CHOICE_FILE, cached)
     if choice == "eager":
-        restore_originals(model)  # (the probe's call of transformers' forward restored them already, by its hook)
+        del runner  # its copies go as the originals come back: restore frees each once it is rebuilt
+        restore_originals(model)
         return ForwardChoice("eager", why), None
     packed_linear.drop_packs(model)  # the probe's packs for transformers' forward, which the compiled one never reads
     return ForwardChoice("compiled", f"{why}; {how}", pieces, compile_s), runner
@@ -243,32 +251,63 @@ def _warm(runner) -> None:
     runner(torch.zeros(5, dtype=torch.long), cache, 5)  # a verify: the head of several rows
 
 
-def _probe_forward(lm, runner, rounds: int = 7) -> tuple[float, float]:
-    """Median one-token forward, compiled against transformers' (with fastlinear), interleaved."""
+def _probe_forward(lm, runner, eager_ms: float | None = None, rounds: int = 7) -> tuple[float, float]:
+    """Median one-token forward, compiled against transformers' (with fastlinear), interleaved; or the compiled one
+    alone where `eager_ms` was timed before the runner existed (_time_eager: a model too big to hold twice)."""
+    if eager_ms is not None:
+        return _median_ms({"compiled": _compiled_step(runner)}, rounds)["compiled"], eager_ms
+    times = _median_ms({"compiled": _compiled_step(runner), "eager": _eager_step(lm)}, rounds)
+    return times["compiled"], times["eager"]
+
+
+def _time_eager(lm, rounds: int = 7) -> float:
+    return _median_ms({"eager": _eager_step(lm)}, rounds)["eager"]
+
+
+def _compiled_step(runner):
+    """A one-token step of the compiled forward after a 16-token prefix, undone after each call."""
+    static = runner.new_cache()
+    with torch.inference_mode():
+        runner(torch.zeros(16, dtype=torch.long), static, 1)
+
+    def step() -> None:
+        runner(torch.zeros(1, dtype=torch.long), static, 1)
+        static.crop(-1)
+
+    return step
+
+
+def _eager_step(lm):
+    """The same step on transformers' forward, with fastlinear's packs (as `--compile off` runs it)."""
     from transformers import DynamicCache
 
     restore_originals(lm.model)  # transformers' forward and its packs read the originals (released as made)
     packed_linear.install(lm.model)
-    prefix = torch.zeros(1, 16, dtype=torch.long)
-    static = runner.new_cache()
-    runner(prefix[0], static, 1)
     dynamic = DynamicCache(config=lm.model.config)
-    one = torch.zeros(1, 1, dtype=torch.long)
-    times: dict[str, list[float]] = {"compiled": [], "eager": []}
     with torch.inference_mode(), packed_linear.active():
-        lm.model(input_ids=prefix, past_key_values=dynamic, use_cache=True, logits_to_keep=1)
+        lm.model(input_ids=torch.zeros(1, 16, dtype=torch.long), past_key_values=dynamic, use_cache=True,
+                 logits_to_keep=1)
+    one = torch.zeros(1, 1, dtype=torch.long)
+
+    def step() -> None:
+        lm.model(input_ids=one, past_key_values=dynamic, use_cache=True, logits_to_keep=1)
+        dynamic.crop(-1)  # transformers 5.x crops by a negative count
+
+    return step
+
+
+def _median_ms(steps: dict, rounds: int) -> dict[str, float]:
+    """Each step's median time in ms over `rounds` rounds, the steps interleaved within a round (the first round
+    warms up)."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    with torch.inference_mode(), packed_linear.active():
         for i in range(rounds + 1):
-            t0 = time.perf_counter()
-            runner(one[0], static, 1)
-            t1 = time.perf_counter()
-            lm.model(input_ids=one, past_key_values=dynamic, use_cache=True, logits_to_keep=1)
-            t2 = time.perf_counter()
-            static.crop(-1)
-            dynamic.crop(-1)  # transformers 5.x crops by a negative count
-            if i:  # the first round warms up
-                times["compiled"].append(t1 - t0)
-                times["eager"].append(t2 - t1)
-    return statistics.median(times["compiled"]) * 1000, statistics.median(times["eager"]) * 1000
+            for name, step in steps.items():
+                t0 = time.perf_counter()
+                step()
+                if i:
+                    times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(values) * 1000 for name, values in times.items()}
 
 
 def one_row_kernel(model, runner, say=lambda msg: None) -> str:

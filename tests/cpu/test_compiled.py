@@ -345,7 +345,7 @@ def test_auto_decides_once_per_machine_and_keeps_the_choice(small_llama_pair, mo
     from specview.cpu.matmul import packed_linear
 
     probe = fast_path._probe_forward  # the real probe (it runs transformers' forward packed), its verdict compiled:
-    monkeypatch.setattr(fast_path, "_probe_forward", lambda lm, runner: (probe(lm, runner), (1.0, 10.0))[1])
+    monkeypatch.setattr(fast_path, "_probe_forward", lambda lm, runner, *rest: (probe(lm, runner, *rest), (1.0, 10.0))[1])
     first = fast_path.prepare(target, "auto")
     assert first.mode == "compiled" and "probe" in first.why
     # the real one-row probe ran: the runner is left on its choice, the other kinds' functions let go
@@ -371,7 +371,8 @@ def test_auto_decides_once_per_machine_and_keeps_the_choice(small_llama_pair, mo
     entries[key]["one_row"] = "another"
     host.store_cached(fast_path.CHOICE_FILE, entries)
     probed = []
-    monkeypatch.setattr(fast_path, "_probe_forward", lambda lm, runner: probed.append(runner.gemv) or (1.0, 10.0))
+    monkeypatch.setattr(fast_path, "_probe_forward",
+                        lambda lm, runner, *rest: probed.append(runner.gemv) or (1.0, 10.0))
     assert fast_path.prepare(target, "auto").mode == "compiled" and len(probed) == 1
     assert host.read_cached(fast_path.CHOICE_FILE)[key]["one_row"] == probed[0]
     assert fast_path.prepare(target, "auto").mode == "compiled" and len(probed) == 1
@@ -487,3 +488,39 @@ def test_a_one_row_product_reads_a_copy_chosen_for_rows_only_where_the_probe_say
         monkeypatch.setattr(llama, "product", lambda *args, seen=called: seen.append(args) or torch.zeros(1, 48))
         llama.linear(x, w, "packed")
         assert bool(called) is reads
+
+
+@needs_compiler
+def test_a_start_that_may_not_hold_the_model_twice_times_each_forward_apart(small_llama_pair, monkeypatch):
+    """A model built before the first step (too big to double, or any foreground start) has transformers' forward
+    timed on its originals before a copy exists, and the compiled one once the copies replaced them: neither timing
+    holds both. An eager verdict then gives every original back, exactly."""
+    from test_one_copy import held_bytes
+
+    monkeypatch.delenv("SPECVIEW_COMPILE")
+    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")  # a copy of every matrix: holding both would be twice the model
+    target = LoadedModel(small_llama_pair[0].spec, copy.deepcopy(small_llama_pair[0].model),
+                         small_llama_pair[0].tokenizer, small_llama_pair[0].device, small_llama_pair[0].dtype,
+                         small_llama_pair[0].context_len)
+    want = hf_logits(target, PROMPT)
+    originals = held_bytes(target.model, type("NoRunner", (), {"products": lambda self: []})())
+    monkeypatch.setattr(fast_path, "_key", lambda model, what: f"a model never timed here {id(model)}")
+    runners, held = [], {}
+    compiled_step = fast_path._compiled_step
+    monkeypatch.setattr(fast_path, "_compiled_step", lambda runner: runners.append(runner) or compiled_step(runner))
+
+    def median_ms(steps, rounds):  # what each timing holds; the verdict eager (compiled the slower)
+        runner = runners[-1] if runners else type("NoRunner", (), {"products": lambda self: []})()
+        for name in steps:
+            held[name] = held_bytes(target.model, runner)
+        return {name: {"eager": 1.0, "compiled": 10.0}[name] for name in steps}
+
+    monkeypatch.setattr(fast_path, "_median_ms", median_ms)
+    choice = fast_path.prepare(target, "auto", one_copy=True)
+    assert choice.mode == "eager" and set(held) == {"eager", "compiled"}
+    assert held["eager"] <= originals * 1.01  # before any copy
+    layers = target.model.model.layers
+    one_layer = max(sum(p.untyped_storage().nbytes() for p in layer.parameters()) for layer in layers)
+    assert held["compiled"] <= originals + one_layer  # the copies, the originals they replace released
+    assert held["compiled"] > originals // 2  # (the copies are there: the timing ran on them)
+    torch.testing.assert_close(hf_logits(target, PROMPT), want, rtol=0, atol=0)  # every original back

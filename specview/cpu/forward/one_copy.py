@@ -166,7 +166,9 @@ def restore(model: torch.nn.Module) -> None:
     hook = _hooks.pop(model, None)
     if hook is not None:
         hook.remove()
-    for record in _released.pop(model, []):
+    records = _released.pop(model, [])
+    while records:  # each record dropped once rebuilt: where nothing else holds its copy, it goes (never two at once)
+        record = records.pop()
         if isinstance(record, _ReleasedInt4):
             _restore_int4(record)
             continue
@@ -174,6 +176,7 @@ def restore(model: torch.nn.Module) -> None:
         for owner in record.owners:
             view = dense[owner.offset: owner.offset + owner.rows]
             owner.module.weight.data = view.t() if owner.transposed else view
+        del record, dense
 
 
 def _restore_int4(record: _ReleasedInt4) -> None:
