@@ -37,7 +37,7 @@ import torch
 from specview.core import host
 from specview.core.errors import SpecviewError
 from specview.cpu import builds
-from specview.cpu.forward import aot_compile, gpt2, llama
+from specview.cpu.forward import aot_compile, gpt2, llama, llama_layers
 from specview.cpu.forward.one_copy import restore as restore_originals
 from specview.cpu.matmul import onnx_mlas, packed_linear, thin_kernels
 
@@ -398,14 +398,14 @@ def _time_products(runner, rows: int, repeats: int = 5) -> float:
     row with the one-row kernel (the compiled reduce where that is the choice), several with the packed copies."""
     one_row = rows == 1 and runner.compiled
     gemv = runner.gemv if one_row else "packed"
-    compiled = aot_compile.compile_fn(llama.linear) if one_row and gemv == "reduce" else None
+    compiled = aot_compile.compile_fn(llama_layers.linear) if one_row and gemv == "reduce" else None
     inputs: dict[int, torch.Tensor] = {}  # one input per width: a model has three or four
     calls = []
     for w in runner.products():
         features = w[2].shape[0] * w[3] if w[0] == "int4" else w[1].shape[1]
         if features not in inputs:
             inputs[features] = torch.randn(rows, features, dtype=runner.dtype)
-        product = compiled if compiled is not None and w[0] == "dense" else llama.linear
+        product = compiled if compiled is not None and w[0] == "dense" else llama_layers.linear
         calls.append((product, inputs[features], w))
     best = float("inf")
     with torch.inference_mode():

@@ -14,7 +14,7 @@ from laws import CASES, drafter_counts, exact_joint, tv, tv_threshold
 from specview.core.errors import SpecviewError
 from specview.core.settings import SamplingConfig
 from specview.cpu import fast_path
-from specview.cpu.forward import aot_compile, gpt2, llama, weights
+from specview.cpu.forward import aot_compile, gpt2, llama, llama_layers, weights
 from specview.engine import accept_rule
 from specview.engine.decoder import Decoder
 from specview.engine.kv_cache import crop_cache, new_cache
@@ -485,8 +485,8 @@ def test_a_one_row_product_reads_a_copy_chosen_for_rows_only_where_the_probe_say
         w = weights.dense(weight, None, one_row=False)
         assert w[2] is not None and w[4] is reads
         called = []
-        monkeypatch.setattr(llama, "product", lambda *args, seen=called: seen.append(args) or torch.zeros(1, 48))
-        llama.linear(x, w, "packed")
+        monkeypatch.setattr(llama_layers, "product", lambda *args, seen=called: seen.append(args) or torch.zeros(1, 48))
+        llama_layers.linear(x, w, "packed")
         assert bool(called) is reads
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specview.cpu.forward.llama import FastForward, _Fns, attend, linear, owned
+from specview.cpu.forward.llama import FastForward, _Fns, owned
+from specview.cpu.forward.llama_layers import attend, linear
 from specview.cpu.forward.one_copy import drop_pages
 from specview.cpu.forward.weights import dense, linear_weight
 

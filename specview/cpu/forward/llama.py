@@ -23,7 +23,10 @@ norms, rotary and activations around them fuse, so a verify gains too, not only 
 A matrix product of one row can run as a multiply-and-sum reduction that inductor writes as one
 vectorized pass over the weights (`gemv="reduce"`), or as a matmul kernel (`"mm"`): which is faster
 depends on the machine, so cpu/fast_path.py probes it. Not a stock module forward, so no norm hook fires:
-the profile records the mode, and `--compile off` gives the layernorm phase back.
+its norms are modelled instead (norm_model.py, the profile's meta.phase_sources).
+
+The layer's functions live in llama_layers.py (what the compiled packages are built from); this file binds a
+model's weights to them (FastForward) and says which models run it.
 
 Supported: LlamaForCausalLM and the models built like it (Mistral, Qwen2; SmolLM2 is a Llama), in
 float32, bfloat16, float16 or with int4 layers (models/int4.py); GPT-2 through cpu/forward/gpt2.py (the same loop with
@@ -37,10 +40,11 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from specview.cpu.forward import llama_layers
 from specview.cpu.forward.norm_model import time_norms
 from specview.cpu.forward.static_kv import StaticKV
 from specview.cpu.forward.weights import fuse, fuse_in_place, head_weight, linear_weight
-from specview.cpu.matmul.packed_linear import kernel_of, product
+from specview.cpu.matmul.packed_linear import kernel_of
 
 FAMILIES = ("llama", "mistral", "qwen2")
 
@@ -65,104 +69,6 @@ def unsupported_reason(model) -> str | None:
         if hasattr(attn, "q_norm") or getattr(attn, "sliding_window", None):
             return "query/key norms or sliding windows"
     return None
-
-
-# ---- the layer, as two functions of tensors (the same code eager and compiled) ----
-
-def linear(x: torch.Tensor, w, gemv: str) -> torch.Tensor:
-    """x [rows, in] times a weight: ('dense', W [out, in], W packed | None, bias | None, one_row_reads),
-    ('int4', packed, scales_and_zeros, group, bias | None, halves, thin | None) or ('int8', codes [out, in],
-    scales [out, in / 32], bias | None), as cpu/forward/weights.py makes them.
-    `gemv` is the kernel for one row of a dense weight: 'reduce' (a
-    multiply-and-sum that inductor vectorizes), 'packed' (the packed copy) or 'mm' (F.linear); several rows
-    take the packed copy when there is one, else F.linear. A packed copy is oneDNN's, MLAS's or thinmm's, whichever
-    fastlinear's probe found faster for this shape; its product runs the kernel that packed it."""
-    if w[0] == "int8":  # a weight that is exactly int8 codes times scales (fastweights.head_weight)
-        _, codes, scales, bias = w
-        y = torch.ops.specview_thinmm.int8_linear(x, codes, scales)
-        return y if bias is None else y + bias
-    if w[0] == "int4":
-        # torch's int4 kernel, or thinmm's (`thin`: its copy of the codes) where it measured faster. Not written as
-        # torch ops (unpack, scale, multiply, sum): inductor's one-row loop over 4-bit codes ran several times slower
-        # than torch's kernel.
-        _, packed, sz, group, bias, _halves, thin = w
-        if thin is not None:
-            y = torch.ops.specview_thinmm.int4_linear(x, thin[0], thin[1], group)
-        else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, sz).to(x.dtype)
-        return y if bias is None else y + bias
-    _, weight, packed, bias, one_row_reads = w
-    if packed is not None and (x.shape[0] > 1 or one_row_reads):  # the copy serves every product it was chosen for
-        return product(x, packed, bias, weight.shape[0])
-    if x.shape[0] == 1 and gemv == "reduce":
-        y = (x.unsqueeze(-2) * weight).sum(-1)
-        return y if bias is None else y + bias
-    return F.linear(x, weight, bias)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm: in float32, then back to the input dtype before the weight."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
-def attn_in(h, norm_w, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int, gemv: str):
-    """h [rows, hidden] -> q [1, heads, rows, d], k and v [1, kv_heads, rows, d] (k and q rotated)."""
-    rows = h.shape[0]
-    x = rms_norm(h, norm_w, eps)
-    if qkv[0] == "fused":
-        y = linear(x, qkv[1], gemv)
-        q, k, v = y.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-    else:
-        q, k, v = (linear(x, w, gemv) for w in qkv[1:])
-    q = q.view(rows, heads, head_dim).transpose(0, 1).unsqueeze(0)
-    k = k.view(rows, kv_heads, head_dim).transpose(0, 1).unsqueeze(0)
-    v = v.view(rows, kv_heads, head_dim).transpose(0, 1).unsqueeze(0)
-    return rotate(q, cos, sin), rotate(k, cos, sin), v
-
-
-def attn_out(h, attn, o, norm_w, eps: float, gate_up, down, inter: int, gemv: str):
-    """The rest of the layer: h + o(attn), then + down(silu(gate) * up) of its norm."""
-    rows = h.shape[0]
-    attn = attn.to(h.dtype)  # back from the float32 attention of a half-precision model
-    h = h + linear(attn.transpose(1, 2).reshape(rows, -1), o, gemv)
-    x = rms_norm(h, norm_w, eps)
-    if gate_up[0] == "fused":
-        gate, up = linear(x, gate_up[1], gemv).split([inter, inter], dim=-1)
-    else:
-        gate, up = linear(x, gate_up[1], gemv), linear(x, gate_up[2], gemv)
-    return h + linear(F.silu(gate) * up, down, gemv)
-
-
-def head(h, norm_w, eps: float, w, gemv: str):
-    return linear(rms_norm(h, norm_w, eps), w, gemv)
-
-
-def attend(q, k, v, keys, values, ends, mask, scale: float):
-    """The attention of a layer's new rows over its cache, after writing their keys and values there. `ends` is a
-    tensor whose length is the cache's filled length after these rows: a shape, so that a compiled graph keeps it
-    symbolic (an int would be compiled in as a constant) and one graph serves every position. `mask` (several
-    rows: additive, [rows, end]) says what each row sees; one row sees the whole prefix (None)."""
-    end, rows = ends.shape[0], q.shape[2]
-    keys[:, :, end - rows:end] = k
-    values[:, :, end - rows:end] = v
-    return F.scaled_dot_product_attention(q.to(keys.dtype), keys[:, :, :end], values[:, :, :end], attn_mask=mask,
-                                          scale=scale, enable_gqa=q.shape[1] != keys.shape[1])
-
-
-def layer(h, norm1, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int, keys, values, ends, mask,
-          scale: float, o, norm2, gate_up, down, inter: int, gemv: str):
-    """A whole layer, its cache write and attention inside: one call a layer instead of two calls, two cache writes
-    and an attention between them (the calls' own overhead is a visible share of a small draft's forward)."""
-    q, k, v = attn_in(h, norm1, eps, qkv, cos, sin, heads, kv_heads, head_dim, gemv)
-    attn = attend(q, k, v, keys, values, ends, mask, scale)
-    return attn_out(h, attn, o, norm2, eps, gate_up, down, inter, gemv)
 
 
 def owned(entry, modules: list) -> list:
@@ -350,7 +256,7 @@ class FastForward:
         them). Timed once per row count and kept; the profile names the source (meta.phase_sources)."""
         cached = self._norm_ms.get(rows)
         if cached is None:
-            cached = self._norm_ms[rows] = time_norms(self.norms(), rows, self.eps, rms_norm)
+            cached = self._norm_ms[rows] = time_norms(self.norms(), rows, self.eps, llama_layers.rms_norm)
         return cached
 
     def release_originals(self) -> int:
@@ -490,7 +396,7 @@ class _Fns:
         self.attn_in, self.attn_out, self.head, self.layer = attn_in, attn_out, head, layer
 
 
-_EAGER = _Fns(attn_in, attn_out, head, layer)
+_EAGER = _Fns(llama_layers.attn_in, llama_layers.attn_out, llama_layers.head, llama_layers.layer)
 
 
 class _ARGUMENTS:
@@ -525,7 +431,7 @@ def _functions(backend: str, eager: _Fns, rows: bool = False) -> _Fns:
         # products, and one of them is thinmm's operator (its schema is part of a built graph)
         from specview.cpu.matmul import packed_linear, thin_kernels
 
-        here = (__file__, packed_linear.__file__, *thin_kernels.SOURCES)
+        here = (llama_layers.__file__, packed_linear.__file__, *thin_kernels.SOURCES)
         halves = (aot_compile.AotFunction(fn, ROW_DIMS if rows else None, sources=here)
                   for fn in (eager.attn_in, eager.attn_out, eager.head))
         return _Fns(*halves, aot_compile.AotFunction(eager.layer, LAYER_ROWS_DIMS if rows else LAYER_DIMS,
