@@ -2,12 +2,14 @@
 for the model's config and once for its tensors, and each read parses every metadata field in Python (the
 tokenizer's vocabulary and merges: some hundred thousand strings), a visible share of a first start. Within
 `parsed_once()` the metadata parse is kept and handed out again (a fresh copy each time: callers pop keys), and the
-tensor read reuses the same GGUFReader."""
+tensor read reuses the same GGUFReader. The tensor read also asks gguf for its table of tensor names once per
+module of the model (hundreds of times, the same table each time): that table is made once too (it is only read)."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import threading
 
 _lock = threading.Lock()  # the patch is process-wide: one conversion at a time
@@ -21,6 +23,8 @@ def parsed_once():
     readers: dict = {}
     metadata: dict = {}
     original_reader, original_load = gguf.GGUFReader, gguf_utils.load_gguf_checkpoint
+    original_names = gguf.get_tensor_name_map
+    names = functools.cache(original_names)
 
     def reader(path, *args, **kwargs):
         key = (str(path), args, tuple(sorted(kwargs.items())))
@@ -37,8 +41,9 @@ def parsed_once():
         return copy.deepcopy(metadata[key])
 
     with _lock:
-        gguf.GGUFReader, gguf_utils.load_gguf_checkpoint = reader, load
+        gguf.GGUFReader, gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map = reader, load, names
         try:
             yield
         finally:
             gguf.GGUFReader, gguf_utils.load_gguf_checkpoint = original_reader, original_load
+            gguf.get_tensor_name_map = original_names

@@ -314,8 +314,12 @@ def test_a_gguf_load_parses_the_file_once(tiny_gguf, monkeypatch):
         parses.append(str(path))
         return real(path, *args, **kwargs)
 
+    tables = []
+    real_names = gguf.get_tensor_name_map
     monkeypatch.setattr(gguf, "GGUFReader", counted)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", lambda *args: tables.append(args) or real_names(*args))
     lm = load_model(tiny_gguf, torch.device("cpu"), cache=False)
     assert parses == [tiny_gguf]
+    assert len(tables) == 1  # the tensor-name table, once (not once per module)
     assert lm.tokenizer("the theme")["input_ids"] and lm.model.config.num_hidden_layers > 0
-    assert gguf.GGUFReader is counted  # the patch ends with the load
+    assert gguf.GGUFReader is counted and gguf.get_tensor_name_map is not real_names  # the patches end with the load
