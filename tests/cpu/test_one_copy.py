@@ -198,3 +198,18 @@ def test_a_start_releases_each_layer_as_its_copies_are_made(small_llama_pair, sm
     one_copy.restore(lm.model)
     assert not one_copy.released(lm.model)
     torch.testing.assert_close(hf_logits(lm, PROMPT), hf_logits(kept, PROMPT), rtol=0, atol=0)
+
+
+def test_a_released_weight_keys_the_compiled_packages_as_the_weight_did():
+    """A start that releases as made builds (or loads) the compiled functions on stand-ins, a background build on
+    the weights themselves: both must name the same package, or every start after a first one's background build
+    would build its packages again. No graph reads a released weight (its copy serves every product)."""
+    from specview.cpu.forward import aot_compile
+
+    weight = torch.randn(48, 32)
+    packed = torch.randn(2, 32, 32)
+    real = ("dense", weight, packed, None, True)
+    released = ("dense", one_copy.stand_in(weight.shape, weight.dtype), packed, None, True)
+    x = torch.randn(1, 32)
+    assert aot_compile._signature((x, real)) == aot_compile._signature((x, released))
+    assert aot_compile._signature((x, real)) != aot_compile._signature((x, ("dense", weight.t(), packed, None, True)))

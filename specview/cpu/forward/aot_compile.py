@@ -131,7 +131,10 @@ def _signature(args, row_dims=()) -> str:
         return tuple(names.get(i, size) for i, size in enumerate(a.shape))
 
     def stride(a, dims):  # a stride that is a multiple of a symbolic size is symbolic too
-        return tuple("symbolic" if any(d > i for d, _ in dims) else step for i, step in enumerate(a.stride()))
+        steps = a.stride()
+        if a.numel() > 1 and not any(steps):  # one copy's stand-in for a released weight (one_copy.stand_in): no
+            steps = torch.empty(a.shape, device="meta").stride()  # graph reads it, so it builds as the weight did
+        return tuple("symbolic" if any(d > i for d, _ in dims) else step for i, step in enumerate(steps))
 
     return repr(tuple((shape(a, dim), stride(a, dim), str(a.dtype)) if isinstance(a, torch.Tensor)
                       else _signature(a) if isinstance(a, tuple) else a for a, dim in zip(args, row_dims)))
