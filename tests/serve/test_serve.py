@@ -10,17 +10,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import pytest
 from serve_helpers import TIMEOUT, running_server, stream_records, wait_for
 
-from specview.core.settings import Settings
 from specview.serve.client import iter_sse
-
-
-@pytest.fixture
-def settings(gpt2_paths, tmp_path):
-    return Settings(target=gpt2_paths[0], draft=gpt2_paths[1], max_new_tokens=8, k=3, temperature=0.0,
-                    threads=1, profile_dir=str(tmp_path / "profiles"))
 
 
 def metric(page: str, name: str, labels: str = "") -> float:

@@ -10,14 +10,7 @@ import pytest
 from serve_helpers import TIMEOUT, holding_the_load, running_server, wait_for
 
 from specview.core.errors import SpecviewError
-from specview.core.settings import Settings
 from specview.serve import loading
-
-
-@pytest.fixture
-def settings(gpt2_paths, tmp_path):
-    return Settings(target=gpt2_paths[0], draft=gpt2_paths[1], max_new_tokens=8, k=3, temperature=0.0,
-                    threads=1, profile_dir=str(tmp_path / "profiles"))
 
 
 @pytest.fixture
