@@ -39,6 +39,7 @@ from specview.core.errors import SpecviewError
 from specview.cpu import builds
 from specview.cpu.forward import aot_compile, gpt2, llama, llama_layers
 from specview.cpu.forward.one_copy import restore as restore_originals
+from specview.cpu.forward.one_copy import storage_bytes_once
 from specview.cpu.matmul import onnx_mlas, packed_linear, thin_kernels
 
 MODES = ("auto", "on", "off")
@@ -112,9 +113,9 @@ def _too_big_to_double(lm, say) -> bool:
     the process's largest cost, and a build before the first step, releasing each layer as its copies are made,
     never holds them twice. A first start then waits for the build (with progress); every later start loads it."""
     available = host.available_memory_bytes()
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in [*lm.model.parameters(), *lm.model.buffers()] if t.device.type == "cpu"}
-    need = sum(storages.values())
+    seen: set[int] = set()
+    need = sum(storage_bytes_once(t, seen) for t in [*lm.model.parameters(), *lm.model.buffers()]
+               if t.device.type == "cpu")
     if available is None or need <= BACKGROUND_SHARE * available:
         return False
     say(f"{lm.spec}: building the compiled forward before the first step: a build beside the session would hold "

@@ -124,6 +124,10 @@ def _named(dims) -> tuple:
 def _signature(args, row_dims=()) -> str:
     """Everything a build depends on in the arguments: each tensor's shape, stride and dtype, every other value.
     `row_dims` (one per argument, as _named gives them) are left out: they stay symbolic."""
+    from specview.cpu.forward.one_copy import (
+        is_stand_in,  # (one_copy imports the kernels: not at aot_compile's import)
+    )
+
     row_dims = tuple(row_dims) + ((),) * (len(args) - len(row_dims))
 
     def shape(a, dims):
@@ -132,8 +136,8 @@ def _signature(args, row_dims=()) -> str:
 
     def stride(a, dims):  # a stride that is a multiple of a symbolic size is symbolic too
         steps = a.stride()
-        if a.numel() > 1 and not any(steps):  # one copy's stand-in for a released weight (one_copy.stand_in): no
-            steps = torch.empty(a.shape, device="meta").stride()  # graph reads it, so it builds as the weight did
+        if is_stand_in(a):  # one copy's stand-in for a released weight: no graph reads it, so it builds as the
+            steps = torch.empty(a.shape, device="meta").stride()  # weight did
         return tuple("symbolic" if any(d > i for d, _ in dims) else step for i, step in enumerate(steps))
 
     return repr(tuple((shape(a, dim), stride(a, dim), str(a.dtype)) if isinstance(a, torch.Tensor)

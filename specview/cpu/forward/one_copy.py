@@ -117,7 +117,7 @@ def release_int4(model: torch.nn.Module, pieces: list) -> tuple[list, int]:
     out, freed, seen = [], 0, set()
     for w, modules in pieces:
         _, packed, scales, group, bias, halves, thin = w
-        if (thin is None or halves is None or _is_stand_in(halves)
+        if (thin is None or halves is None or is_stand_in(halves)
                 or not all(_is_int4(m) and m.halves is not None for m in modules)):
             out.append(w)
             continue
@@ -127,12 +127,12 @@ def release_int4(model: torch.nn.Module, pieces: list) -> tuple[list, int]:
             record.owners.append((module, first, module.out_features))
             first += module.out_features
             for tensor in (module.packed, module.halves):
-                freed += _bytes_once(tensor, seen)
+                freed += storage_bytes_once(tensor, seen)
                 drop_pages(tensor)
             module.packed = stand_in(module.packed.shape, module.packed.dtype)
             module.halves = stand_in(module.halves.shape, module.halves.dtype)
         for tensor in (packed, halves):  # a fused tuple's own stacks (a single layer's are its module's, counted)
-            freed += _bytes_once(tensor, seen)
+            freed += storage_bytes_once(tensor, seen)
         _keep(model, record)
         out.append(("int4", stand_in(packed.shape, packed.dtype), scales, group, bias,
                     stand_in(halves.shape, halves.dtype), thin))
@@ -152,7 +152,8 @@ def drop_pages(tensor: torch.Tensor) -> None:
     os_memory.drop_file_pages(storage.data_ptr(), storage.nbytes())
 
 
-def _bytes_once(tensor: torch.Tensor, seen: set[int]) -> int:
+def storage_bytes_once(tensor: torch.Tensor, seen: set[int]) -> int:
+    """The bytes of `tensor`'s storage, or 0 where `seen` (storage addresses) already counted it."""
     key = tensor.untyped_storage().data_ptr()
     if key in seen:
         return 0
@@ -217,7 +218,8 @@ def _users_by_storage(model) -> dict[int, list]:
     return users
 
 
-def _is_stand_in(tensor: torch.Tensor) -> bool:
+def is_stand_in(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is a stand_in() (several elements, every stride 0): a released weight no forward reads."""
     return tensor.dim() > 0 and tensor.numel() > 1 and all(stride == 0 for stride in tensor.stride())
 
 
