@@ -9,6 +9,7 @@
     profiling/  phase timing, profiles, traces, py-spy, recorded distributions
     analysis/   roofline, diagnosis, what-if replay, cost curves, check
     backend/    what every viewer reads: step views, the engine's child-process stream
+    remote/     serving engines reached over HTTP: llama-server and vLLM (their endpoints, their counters)
     bench/ eval/ serve/ tui/   the clients
     cli/        one module per command, dispatched from cli.main.COMMANDS
 """

@@ -19,7 +19,7 @@ import torch
 from specview.bench.record import RunRecord
 from specview.core.errors import SpecviewError
 from specview.core.stopping import Stop
-from specview.engines import llama_server
+from specview.remote import llama_server
 
 DEFAULT_TYPE = "ngram-simple"
 DRAFT_ROOM = 64  # context past prompt + N for the drafts of the last step

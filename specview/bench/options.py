@@ -36,7 +36,7 @@ def parse_peer(text: str) -> str:
                                          f"type), or a comma-separated list of them like hf,llamacpp; got {text!r}")
     for n in names:
         if ":" in n:
-            from specview.engines.llama_server import SPEC_TYPES
+            from specview.remote.llama_server import SPEC_TYPES
 
             if n.partition(":")[2] not in SPEC_TYPES:
                 raise argparse.ArgumentTypeError(f"--peer {n}: llama-server's speculative types here are "

@@ -8,7 +8,7 @@ def parse(argv: list[str]):
 
     args = build_tui_parser().parse_args(argv)
     if args.attach:  # which kind of server, said before anything needs a terminal: a wrong URL is one line
-        from specview.engines.watch import is_specview_server, open_engine
+        from specview.remote.watch import is_specview_server, open_engine
 
         args.engine = None if is_specview_server(args.attach) else open_engine(args.attach)
     return args

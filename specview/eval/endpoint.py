@@ -20,10 +20,10 @@ from specview.core.files import ensure_writable_dir, write_json_atomic
 from specview.core.prompt_sets import Prompt, digest, load_prompts
 from specview.core.settings import K_LIMIT, Settings
 from specview.core.stopping import Stop, run_stoppable
-from specview.engines.endpoint import Completion, Endpoint, probe
 from specview.eval.categories import AUTOREGRESSIVE
 from specview.eval.document import build_doc, check_resume, default_path
 from specview.eval.engine_summary import ENGINE_POLICY
+from specview.remote.endpoint import Completion, Endpoint, probe
 
 WARMUP_TOKENS = 8  # each endpoint's first request pays one-time costs: not timed
 RESUME_FIELDS = ("endpoint", "baseline_endpoint", "drafters", "max_new_tokens", "temperature", "top_k", "top_p",

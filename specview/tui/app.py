@@ -385,7 +385,7 @@ def tui_command(args) -> int:
 
     settings = Settings.from_args(args)
     if getattr(args, "attach", None) and getattr(args, "engine", None) is not None:  # llama-server, vLLM
-        from specview.engines.watch import EngineWatch
+        from specview.remote.watch import EngineWatch
         from specview.tui.engine_app import EngineApp
 
         return run_tui(EngineApp(EngineWatch(args.engine, settings)))

@@ -15,7 +15,7 @@ from textual.widgets import Footer, Static
 from specview.core.errors import SpecviewError
 from specview.core.events import fmt
 from specview.core.stopping import Stop
-from specview.engines.watch import NO_P_Q, EngineWatch, Figures
+from specview.remote.watch import NO_P_Q, EngineWatch, Figures
 
 POLL_S = 1.0
 

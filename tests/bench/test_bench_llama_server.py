@@ -1,6 +1,6 @@
 """`specview bench --peer llama-server[:TYPE]`: the peer's command line, and a whole bench against a stand-in for
 the binary (tests/support/fake_engines.py run as a program: the flags specview passes, llama-server's answers).
-The real server: tests/engines/test_llama_server.py, behind `make engines`."""
+The real server: tests/remote/test_llama_server.py, behind `make engines`."""
 
 import argparse
 import json

@@ -16,7 +16,7 @@ from transformers import DynamicCache
 
 import tiny
 from specview.core.settings import SamplingConfig
-from specview.cpu import builds, fast_path
+from specview.cpu import builds, fast_path, forward_choice
 from specview.cpu.forward import llama as llama_forward
 from specview.drafters.layerskip import SkipModel
 from specview.engine import decoder as decoder_module
@@ -128,7 +128,7 @@ def switched_counts(target, draft, cfg, vocab: int) -> np.ndarray:
     first step."""
     decoder = Decoder(target, draft, cfg, k=2, seed=7, ignore_eos=True)
     counts = np.zeros(vocab ** N_TOKENS)
-    family, _ = fast_path._family(target.model)  # the engine's forward for this model (GPT-2's here)
+    family, _ = forward_choice._family(target.model)  # the engine's forward for this model (GPT-2's here)
     runner = family(target.model, compiled=False)
     for _ in range(SAMPLES):
         gate = start_build(target, runner)
@@ -191,11 +191,11 @@ def test_a_model_too_big_to_hold_twice_is_built_before_the_first_step(small_voca
     originals released as its copies are made."""
     lm = fresh(small_vocab_pair[0])
     available = None if available_gib is None else int(available_gib * 2**30)
-    monkeypatch.setattr(fast_path.host, "available_memory_bytes", lambda: available)
-    monkeypatch.setattr(fast_path, "_first_time", lambda lm: True)  # a machine that has not settled this model
+    monkeypatch.setattr(forward_choice.host, "available_memory_bytes", lambda: available)
+    monkeypatch.setattr(forward_choice, "_first_time", lambda lm: True)  # a machine that has not settled this model
     started, decided, said = [], [], []
     monkeypatch.setattr(builds, "start", lambda model, spec, work, one_copy: started.append(spec))
-    monkeypatch.setattr(fast_path, "_decide", lambda lm, mode, say, background=False, release_as_made=False: (
+    monkeypatch.setattr(forward_choice, "_decide", lambda lm, mode, say, background=False, release_as_made=False: (
         decided.append(release_as_made) or (fast_path.ForwardChoice("eager", "a stand-in decision"), None)))
     choice = fast_path.prepare(lm, "auto", said.append, one_copy=True, background=True)
     assert choice.building == in_background and bool(started) == in_background

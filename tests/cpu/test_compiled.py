@@ -13,7 +13,7 @@ from laws import CASES, drafter_counts, exact_joint, tv, tv_threshold
 
 from specview.core.errors import SpecviewError
 from specview.core.settings import SamplingConfig
-from specview.cpu import fast_path
+from specview.cpu import fast_path, forward_choice
 from specview.cpu.forward import aot_compile, gpt2, llama, llama_layers, weights
 from specview.engine import accept_rule
 from specview.engine.decoder import Decoder
@@ -253,7 +253,7 @@ def test_ahead_of_time_packages_compute_the_same_and_a_second_model_loads_them(s
     second = llama.FastForward(target.model, compiled=True, gemv="reduce")
     assert torch.equal(fast_logits(second, ids, splits=splits), got)
     assert set(states(second)) == {"loaded"}
-    # A package serves the constants it was built with: another one-row product (fast_path.one_row_kernel's probe
+    # A package serves the constants it was built with: another one-row product (forward_choice.one_row_kernel's probe
     # switches between them) gets functions of its own, built for it, and a switch back finds the first ones.
     reduce_fns = second.fns
     second.set_one_row("mm", keep_others=True)
@@ -274,7 +274,7 @@ def test_a_build_that_fails_falls_back_to_eager_under_auto_and_is_one_line_under
     monkeypatch.delenv("SPECVIEW_COMPILE")
     monkeypatch.setenv("SPECVIEW_AOT", "1")
     monkeypatch.setattr(aot_compile, "aot_dir", lambda: str(tmp_path))  # no package built by another test
-    monkeypatch.setattr(fast_path, "one_row_kernel", lambda model, runner, say=None: "reduce")  # no probe: not under test
+    monkeypatch.setattr(forward_choice, "one_row_kernel", lambda model, runner, say=None: "reduce")  # no probe: not under test
 
     def broken_build(module, tensors, path, dynamic_shapes=None):
         raise RuntimeError("g++: internal compiler error\nmore lines")
@@ -344,8 +344,8 @@ def test_auto_decides_once_per_machine_and_keeps_the_choice(small_llama_pair, mo
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")  # packing wanted for every shape, whatever this CPU measured
     from specview.cpu.matmul import packed_linear
 
-    probe = fast_path._probe_forward  # the real probe (it runs transformers' forward packed), its verdict compiled:
-    monkeypatch.setattr(fast_path, "_probe_forward", lambda lm, runner, *rest: (probe(lm, runner, *rest), (1.0, 10.0))[1])
+    probe = forward_choice._probe_forward  # the real probe (it runs transformers' forward packed), its verdict compiled:
+    monkeypatch.setattr(forward_choice, "_probe_forward", lambda lm, runner, *rest: (probe(lm, runner, *rest), (1.0, 10.0))[1])
     first = fast_path.prepare(target, "auto")
     assert first.mode == "compiled" and "probe" in first.why
     # the real one-row probe ran: the runner is left on its choice, the other kinds' functions let go
@@ -358,20 +358,20 @@ def test_auto_decides_once_per_machine_and_keeps_the_choice(small_llama_pair, mo
     def no_second_probe(*args):
         raise AssertionError("the choice is kept per machine: no second probe")
 
-    monkeypatch.setattr(fast_path, "_probe_forward", no_second_probe)
-    monkeypatch.setattr(fast_path, "_probe_one_row", no_second_probe)
+    monkeypatch.setattr(forward_choice, "_probe_forward", no_second_probe)
+    monkeypatch.setattr(forward_choice, "_probe_one_row", no_second_probe)
     second = fast_path.prepare(target, "auto")
     assert second.mode == first.mode and second.why == first.why
     assert (llama.runner_for(target.model) is not None) == (second.mode == "compiled")
     # A decision timed with another one-row product (a cache an older specview wrote) is timed again, once.
     from specview.core import host
 
-    key = fast_path._key(target.model, "forward")
+    key = forward_choice._key(target.model, "forward")
     entries = host.read_cached(fast_path.CHOICE_FILE)
     entries[key]["one_row"] = "another"
     host.store_cached(fast_path.CHOICE_FILE, entries)
     probed = []
-    monkeypatch.setattr(fast_path, "_probe_forward",
+    monkeypatch.setattr(forward_choice, "_probe_forward",
                         lambda lm, runner, *rest: probed.append(runner.gemv) or (1.0, 10.0))
     assert fast_path.prepare(target, "auto").mode == "compiled" and len(probed) == 1
     assert host.read_cached(fast_path.CHOICE_FILE)[key]["one_row"] == probed[0]
@@ -423,8 +423,8 @@ def test_the_products_of_a_forward_are_timed_alone_once_per_machine(small_llama_
         layers = len(target.model.model.layers)
         assert len(runner.products()) == 4 * layers + 1  # fused q/k/v, o, fused gate/up, down; the head
         calls = []
-        real = fast_path._time_products
-        monkeypatch.setattr(fast_path, "_time_products", lambda r, rows: calls.append(rows) or real(r, rows))
+        real = forward_choice._time_products
+        monkeypatch.setattr(forward_choice, "_time_products", lambda r, rows: calls.append(rows) or real(r, rows))
         first = fast_path.products_ms(target.model, (1, 3))
         assert set(first) == {"1", "3"} and all(ms > 0 for ms in first.values()) and calls == [1, 3]
         assert fast_path.products_ms(target.model, (1, 3)) == first and calls == [1, 3]  # read back, not measured
@@ -435,7 +435,7 @@ def test_the_products_of_a_forward_are_timed_alone_once_per_machine(small_llama_
         assert {p["rows"] for p in llama.runner_for(target.model).pieces().values()} == {"mm"}
         fast_path.products_ms(target.model, (1, 5))
         assert calls == [1, 3, 5, 1, 5]
-        monkeypatch.setattr(fast_path, "_time_products", lambda r, rows: 1 / 0)  # a product that cannot run here
+        monkeypatch.setattr(forward_choice, "_time_products", lambda r, rows: 1 / 0)  # a product that cannot run here
         assert fast_path.products_ms(target.model, (7,)) is None
     finally:
         llama.uninstall(target.model)
@@ -504,10 +504,10 @@ def test_a_start_that_may_not_hold_the_model_twice_times_each_forward_apart(smal
                          small_llama_pair[0].context_len)
     want = hf_logits(target, PROMPT)
     originals = held_bytes(target.model, type("NoRunner", (), {"products": lambda self: []})())
-    monkeypatch.setattr(fast_path, "_key", lambda model, what: f"a model never timed here {id(model)}")
+    monkeypatch.setattr(forward_choice, "_key", lambda model, what: f"a model never timed here {id(model)}")
     runners, held = [], {}
-    compiled_step = fast_path._compiled_step
-    monkeypatch.setattr(fast_path, "_compiled_step", lambda runner: runners.append(runner) or compiled_step(runner))
+    compiled_step = forward_choice._compiled_step
+    monkeypatch.setattr(forward_choice, "_compiled_step", lambda runner: runners.append(runner) or compiled_step(runner))
 
     def median_ms(steps, rounds):  # what each timing holds; the verdict eager (compiled the slower)
         runner = runners[-1] if runners else type("NoRunner", (), {"products": lambda self: []})()
@@ -515,7 +515,7 @@ def test_a_start_that_may_not_hold_the_model_twice_times_each_forward_apart(smal
             held[name] = held_bytes(target.model, runner)
         return {name: {"eager": 1.0, "compiled": 10.0}[name] for name in steps}
 
-    monkeypatch.setattr(fast_path, "_median_ms", median_ms)
+    monkeypatch.setattr(forward_choice, "_median_ms", median_ms)
     choice = fast_path.prepare(target, "auto", one_copy=True)
     assert choice.mode == "eager" and set(held) == {"eager", "compiled"}
     assert held["eager"] <= originals * 1.01  # before any copy

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from test_compiled import check_fast_forwards_on, check_greedy_speculative_on, needs_compiler
 
-from specview.cpu import fast_path
+from specview.cpu import fast_path, forward_choice
 from specview.cpu.matmul import onnx_mlas, packed_linear
 
 # Skipped only where onnxruntime cannot be loaded (missing_reason): a product that disagrees fails these tests.
@@ -163,7 +163,7 @@ def test_an_input_that_needs_its_gradient_takes_f_linear(monkeypatch):
 
 @needs_mlas
 def test_the_one_row_kernel_weighs_the_packed_copy_where_there_is_one(small_llama_pair, tmp_path, monkeypatch):
-    """fast_path.one_row_kernel: 'packed' (here MLAS) is a candidate only where fastlinear packs a piece for one row;
+    """forward_choice.one_row_kernel: 'packed' (here MLAS) is a candidate only where fastlinear packs a piece for one row;
     the fastest whole forward wins; the choice is kept under a key naming the candidates, so a machine that gains
     onnxruntime measures again."""
     import json
@@ -173,16 +173,16 @@ def test_the_one_row_kernel_weighs_the_packed_copy_where_there_is_one(small_llam
     monkeypatch.setenv("SPECVIEW_CACHE_DIR", str(tmp_path))
     timed = {"reduce": 2.0, "mm": 3.0, "packed": 1.0}
     probed = []
-    monkeypatch.setattr(fast_path, "_probe_one_row", lambda runner, kinds: probed.append(kinds)
+    monkeypatch.setattr(forward_choice, "_probe_one_row", lambda runner, kinds: probed.append(kinds)
                         or {kind: timed[kind] for kind in kinds})
     target, _ = small_llama_pair
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
     runner = llama.FastForward(target.model, compiled=True)
-    assert fast_path.one_row_kernel(target.model, runner) == "packed"
-    assert fast_path.one_row_kernel(target.model, runner) == "packed" and len(probed) == 1  # kept, not measured again
+    assert forward_choice.one_row_kernel(target.model, runner) == "packed"
+    assert forward_choice.one_row_kernel(target.model, runner) == "packed" and len(probed) == 1  # kept, not measured again
     assert probed == [("reduce", "mm", "packed")]
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")  # no packed copy: not a candidate, another key
     runner = llama.FastForward(target.model, compiled=True)
-    assert fast_path.one_row_kernel(target.model, runner) == "reduce" and probed[1:] == [("reduce", "mm")]
+    assert forward_choice.one_row_kernel(target.model, runner) == "reduce" and probed[1:] == [("reduce", "mm")]
     keys = [key for key in json.loads((tmp_path / fast_path.CHOICE_FILE).read_text()) if "/one_row_forward/" in key]
     assert len(keys) == 2 and any(f"reduce+mm+packed/mlas {onnx_mlas.version()}/streams " in key for key in keys)

@@ -14,7 +14,7 @@ from specview.core.metrics import Counts
 from specview.core.policies import GoodputFigures
 from specview.core.settings import SamplingConfig
 from specview.core.tree_shape import split_tree
-from specview.cpu import fast_path
+from specview.cpu import forward_choice
 from specview.cpu.forward import aot_compile, llama
 from specview.drafters.ngram import NgramDrafter
 from specview.drafters.specs import kind, split_specs
@@ -92,7 +92,7 @@ def test_one_forward_over_the_tree_gives_each_path_its_logits(loaded_pair, forwa
     both sizes, the one the default backend runs for a tree's verify."""
     target, _ = loaded_pair
     if forward != "transformers":  # the Llama family's forward, or fastgpt2's: the same loop, positions and mask
-        family, reason = fast_path._family(target.model)
+        family, reason = forward_choice._family(target.model)
         assert reason is None, reason
         monkeypatch.setenv("SPECVIEW_AOT", "1")
         llama.install(target.model, compiled=forward == "compiled", family=family)

@@ -1,7 +1,7 @@
 """`specview eval --endpoint`: a prompt set against fake engines on a loopback port that answer in llama-server's
 and vLLM's documented shapes (tests/support/fake_engines.py). The acceptance per category must be the engine's own
 counts summed, the raw counters kept per request, a bad endpoint one line and exit 2. The real llama-server:
-tests/engines/test_llama_server.py."""
+tests/remote/test_llama_server.py."""
 
 import json
 

@@ -2,7 +2,7 @@
 (llama-server: /props, /slots, /completion with `timings`, /metrics under `llamacpp:`; vLLM: /v1/models, /version,
 /v1/completions with `usage`, /metrics under `vllm:`), plus servers that are not engines. Their draft counts are a
 fixed function of the prompt, so a test knows every count a request must get. Real engines are tested in
-tests/engines/test_llama_server.py behind `make engines`."""
+tests/remote/test_llama_server.py behind `make engines`."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ def tui() -> int:
 
     if len(sys.argv) > 2:
         from specview.core.settings import Settings
-        from specview.engines.watch import EngineWatch, open_engine
+        from specview.remote.watch import EngineWatch, open_engine
         from specview.tui.engine_app import EngineApp
 
         return run_tui(EngineApp(EngineWatch(open_engine(sys.argv[2]), Settings())))

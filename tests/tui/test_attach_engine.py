@@ -8,7 +8,7 @@ from fake_engines import drafts_for, fake_engine, free_port
 
 from helpers import run_cli
 from specview.core.settings import Settings
-from specview.engines.watch import NO_P_Q, EngineWatch, open_engine
+from specview.remote.watch import NO_P_Q, EngineWatch, open_engine
 
 PROMPT = "the cat sat on the mat and the cat sat"
 

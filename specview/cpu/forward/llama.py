@@ -459,7 +459,7 @@ def install(model, compiled: bool, gemv: str | None = None, family: type = FastF
 
 
 def register(model, runner: FastForward) -> None:
-    """`runner` (made and built elsewhere: fast_path._decide, a background build) runs `model`'s forwards now."""
+    """`runner` (made and built elsewhere: forward_choice._decide, a background build) runs `model`'s forwards now."""
     _runners[model] = runner
 
 

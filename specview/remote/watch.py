@@ -11,8 +11,8 @@ import httpx
 
 from specview.core.errors import SpecviewError
 from specview.core.metrics import ratio
-from specview.engines.endpoint import Endpoint, probe
-from specview.engines.prometheus import SpecCounters
+from specview.remote.endpoint import Endpoint, probe
+from specview.remote.prometheus import SpecCounters
 
 NO_P_Q = ("this engine exports counts, not distributions: no per-token p and q, no per-step verdicts; "
           "acceptance, per position and tokens per step come from its counters")

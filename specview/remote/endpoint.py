@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from specview.core.errors import SpecviewError
-from specview.engines.prometheus import SpecCounters, engine_of, spec_counters
+from specview.remote.prometheus import SpecCounters, engine_of, spec_counters
 
 TIMEOUT_S = 10.0  # probing; a completion may take long (read=None)
 SETTLE_S = 2.0  # how long the counters may lag the response (llama-server adds a request's counts as its slot ends)

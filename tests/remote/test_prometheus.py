@@ -6,7 +6,7 @@ import os
 import pytest
 
 from specview.core.errors import SpecviewError
-from specview.engines.prometheus import SpecCounters, engine_of, parse, spec_counters
+from specview.remote.prometheus import SpecCounters, engine_of, parse, spec_counters
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data")
 

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import run_cli
 from specview.core.settings import DEFAULT_TARGET, Settings
-from specview.engines import llama_server
+from specview.remote import llama_server
 
 NGRAM = ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8", "--spec-ngram-simple-size-n", "3"]
 
@@ -68,7 +68,7 @@ def test_eval_acceptance_is_the_servers_timings_summed_and_replays(server, capsy
 
 
 def test_attach_reads_the_servers_counters(server):
-    from specview.engines.watch import EngineWatch, open_engine
+    from specview.remote.watch import EngineWatch, open_engine
 
     watch = EngineWatch(open_engine(server.url), Settings(prompt="one two three one two three one two three",
                                                           max_new_tokens=24, temperature=0.0))
