@@ -36,6 +36,9 @@ class Session:
     load_s: float
     notes: list[str] = field(default_factory=list)  # what loading chose and wants said (self:auto's choice)
     forwards: dict = field(default_factory=dict)  # model spec -> fast_path.ForwardChoice.to_json()
+    # What the Decoder calls between two steps: the fast path's take_finished_builds where a forward is built in
+    # the background (prepare_forwards), else nothing.
+    between_steps: Callable | None = None
 
     @property
     def draft(self) -> LoadedModel | None:
@@ -43,7 +46,7 @@ class Session:
         return next((d.lm for d in self.drafters if getattr(d, "lm", None) is not None), None)
 
     def decoder(self, method: str = "speculative", timer: PhaseTimer | None = None, drafter=None,
-                policy: str | None = None) -> Decoder:
+                policy: str | None = None, generator: torch.Generator | None = None) -> Decoder:
         """A Decoder for `method`: speculative with `drafter` (default: the first), autoregressive (the
         target alone) or draft_autoregressive (the first drafter's model alone); `policy` (default: the first
         of --draft-policy, which bench and eval take as a list) chooses how many of K to draft."""
@@ -53,19 +56,20 @@ class Session:
         return Decoder(target, drafter, s.sampling, k=s.k, seed=s.seed,
                        timer=timer or PhaseTimer(self.device), ignore_eos=s.ignore_eos,
                        policy=policy or first_policy(s.draft_policy),
-                       cost_curve=self.cost_curve() if "goodput" in s.draft_policy else None)
+                       cost_curve=self.cost_curve() if "goodput" in s.draft_policy else None, generator=generator,
+                       between_steps=self.between_steps)
 
     def memory(self) -> dict:
         """Peak RSS since the process started, beside the bytes of each model's weights (the fast path's copies
         included, each storage once): what decides whether a machine can hold the pair (run -v, bench)."""
         from specview.engine.memory import MB, peak_rss_mb, weights_mb
 
-        models = {self.target.spec: self.target.model}
+        models = {self.target.spec: self.target}
         for drafter in self.drafters:
             lm = getattr(drafter, "lm", None)
             if lm is not None and lm.model is not self.target.model:
-                models.setdefault(lm.spec, lm.model)
-        weights = {spec: round(weights_mb(model), 1) for spec, model in models.items()}
+                models.setdefault(lm.spec, lm)
+        weights = {spec: round(weights_mb(lm), 1) for spec, lm in models.items()}
         out = {"peak_rss_mb": round(peak_rss_mb(), 1), "weights_mb": weights,
                "weights_total_mb": round(sum(weights.values()), 1)}
         if self.device.type == "mps":  # unified memory: RSS does not count the GPU's buffers, the driver's total does
@@ -199,7 +203,12 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
     if building:
         notes.append(f"building the compiled forward of {', '.join(building)} in the background: the run starts on "
                      "transformers' forward and takes the built one between steps (each finished part is kept on disk)")
-    return Session(settings, target, drafters, prompt_ids, device, time.perf_counter() - t0, notes, forwards)
+    session = Session(settings, target, drafters, prompt_ids, device, time.perf_counter() - t0, notes, forwards)
+    if building:
+        from specview.cpu.fast_path import take_finished_builds
+
+        session.between_steps = take_finished_builds
+    return session
 
 
 def int4_problems(device: torch.device) -> tuple[str | None, str | None]:
@@ -239,8 +248,20 @@ def prepare_forwards(models: list, mode: str, say: Callable[[str], None], backgr
             prepared[id(lm.model)] = fast_path.prepare(lm, mode, say, one_copy=not views,
                                                        background=background).to_json()
             say(describe_forward(lm.spec, prepared[id(lm.model)]))
+        else:
+            fast_path.attach(lm)  # one model under two specs: both run what was installed on it
         chosen[lm.spec] = prepared[id(lm.model)]
+    for lm in models:  # a layer-skip view runs transformers' forward on its own model: packed matmuls there too
+        if lm is not None and hasattr(lm.model, "new_cache"):
+            fast_path.attach(lm)
     return chosen
+
+
+def builds_in_flight() -> dict[str, str]:
+    """spec -> what each forward still being built in the background is doing (run -v, serve's /health)."""
+    from specview.cpu.fast_path import build_status
+
+    return build_status()
 
 
 def start_event(session: Session, method: str, num_runs: int, settings: Settings | None = None,

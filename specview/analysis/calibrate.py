@@ -100,7 +100,7 @@ def calibrate(session: Session, max_rows: int, repeats: int, say=lambda msg: Non
         if ms is not None:
             draft_ms[d.spec] = ms
     bw = measure_bandwidth(session.device)
-    floor = floor_ms(model_bytes(session.target.model)["weights"], bw["gbs"])
+    floor = floor_ms(model_bytes(session.target.model, session.target.forward.runner)["weights"], bw["gbs"])
     curve = fit_cost_curve(rows, [target_ms[r] for r in rows], draft_ms, floor)
     key = host.cost_key(session.settings.target, torch.get_num_threads(), torch.__version__,
                         (session.forwards.get(session.settings.target) or {}).get("mode"),

@@ -113,8 +113,10 @@ def check_greedy(session: Session, drafter, prompts: list[list[int]], n: int, re
                  stop: Stop) -> None:
     greedy = SamplingConfig(0.0)
     s = session.settings
-    reference = Decoder(session.target, None, greedy, k=s.k, seed=s.seed, ignore_eos=s.ignore_eos)
-    speculative = Decoder(session.target, drafter, greedy, k=s.k, seed=s.seed, ignore_eos=s.ignore_eos)
+    reference = Decoder(session.target, None, greedy, k=s.k, seed=s.seed, ignore_eos=s.ignore_eos,
+                        between_steps=session.between_steps)
+    speculative = Decoder(session.target, drafter, greedy, k=s.k, seed=s.seed, ignore_eos=s.ignore_eos,
+                          between_steps=session.between_steps)
     for i, ids in enumerate(prompts):
         if stop:
             return
@@ -283,7 +285,8 @@ def chi_square_tail(stat: float, dof: int) -> float:
 def check_distribution(session: Session, drafter, prefix: list[int], samples: int, result: DrafterResult,
                        stop: Stop) -> list[int]:
     s = session.settings
-    decoder = Decoder(session.target, drafter, s.sampling, k=s.k, seed=s.seed, ignore_eos=True)
+    decoder = Decoder(session.target, drafter, s.sampling, k=s.k, seed=s.seed, ignore_eos=True,
+                      between_steps=session.between_steps)
     draws, drafted = first_token_draws(decoder, prefix, 1, stop)
     if not drafted:  # nothing proposed here (n-gram lookup without a match): repeat the prompt's start
         prefix = prefix + prefix[: max(1, len(prefix) // 2)]

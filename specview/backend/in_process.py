@@ -64,8 +64,7 @@ class EngineBackend(Backend):
         with self.lock:
             if self.run is not None and not self.run.done:
                 self.run.summary.stop_reason = "interrupted"
-            self.decoder.k = self.k
-            self.run = self.decoder.start(self.session.prompt_ids, self.settings.max_new_tokens)
+            self.run = self.decoder.start(self.session.prompt_ids, self.settings.max_new_tokens, k=self.k)
             self.runs.append(self.run)
             return RunInfo(len(self.runs) - 1)
 
@@ -80,9 +79,8 @@ class EngineBackend(Backend):
     def step(self) -> StepView:
         with self.lock:
             run = self.run
-            run.k = self.k
             before = run.tokens[-8:]
-            step = run.step()
+            step = run.step(k=self.k)  # K as the viewer has it now (+/- between steps)
             if len(self.session.drafters) > 1:
                 step.drafter = self.draft  # docs/design.md: step records name their drafter when a session has several
             self.recorder.add_step(step)

@@ -51,18 +51,16 @@ class EngineMethod:
         self.sweeps = self.policy in (None, first)  # --sweep-k sweeps the first policy; the others run at the main K
         self.session = session
         self.stop = stop
-        self.decoder = session.decoder(method, drafter=drafter, policy=self.policy)
-        self.decoder.generator = generator  # one generator for the whole command (docs/design.md: seeded once)
+        # One generator for the whole command (docs/design.md: seeded once).
+        self.decoder = session.decoder(method, drafter=drafter, policy=self.policy, generator=generator)
 
     def run(self, k: int | None = None, prompt_ids: list[int] | None = None,
             max_new_tokens: int | None = None) -> RunRecord:
         """One generation; the session's prompt and N unless given (eval runs every prompt of a set)."""
         s = self.session.settings
-        if k is not None:
-            self.decoder.k = k
         steps = []
         t0 = time.perf_counter()
-        run = self.decoder.start(prompt_ids or self.session.prompt_ids, max_new_tokens or s.max_new_tokens)
+        run = self.decoder.start(prompt_ids or self.session.prompt_ids, max_new_tokens or s.max_new_tokens, k=k)
         while not run.done and not self.stop:
             steps.append(run.step())
         wall = time.perf_counter() - t0

@@ -164,9 +164,9 @@ def run_command(args) -> int:
         summary_console.print(summary_table(summaries, method))
         if args.verbose:
             err_console.print(memory_line(session.memory()), soft_wrap=True, highlight=False)
-        from specview.cpu.builds import status as building
+        from specview.session import builds_in_flight
 
-        for spec, doing in building().items():
+        for spec, doing in builds_in_flight().items():
             err_console.print(f"{spec}: the compiled forward was still being built ({doing}); the parts it finished "
                               "are kept, and a later run goes on from there (`--compile on` builds it before the "
                               "first step)", soft_wrap=True, highlight=False, markup=False)

@@ -93,19 +93,19 @@ class LlamaCppDrafter:
         self.rollback(None, 0)
         return None
 
-    def prefill(self, dec, state, head: list[int]) -> None:
+    def prefill(self, run, state, head: list[int]) -> None:
         self._feed(head)
 
-    def propose(self, dec, state, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
+    def propose(self, run, state, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
         """k tokens, each drawn from llama.cpp's next-token logits after feeding the one before (first, whatever
         of the text the cache has not seen)."""
         if self.llm.n_tokens >= len(tokens):  # nothing new to feed: feed the last token again for its logits
             self.rollback(state, len(tokens) - 1)
 
         def next_logits(ids) -> torch.Tensor:
-            return self._feed([int(t) for t in ids])[: dec.vocab].to(dec.device)  # as dec.forward slices p
+            return self._feed([int(t) for t in ids])[: run.vocab].to(run.device)  # as run.forward slices p
 
-        return sample_chain(dec, next_logits, tokens[self.llm.n_tokens:], k, keep_drafting)
+        return sample_chain(run, next_logits, tokens[self.llm.n_tokens:], k, keep_drafting)
 
     def _feed(self, ids: list[int]) -> torch.Tensor:
         """Append `ids` to llama.cpp's cache; the logits after the last one, float32 [V]: llama.cpp's own buffer

@@ -78,17 +78,17 @@ class NgramDrafter:
     def new_state(self):
         return None
 
-    def prefill(self, dec, state, head: list[int]) -> None:
+    def prefill(self, run, state, head: list[int]) -> None:
         pass
 
-    def propose(self, dec, state, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
+    def propose(self, run, state, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
         """A lookup's proposal is certain (q one-hot, top probability 1): a p-min cut never stops it."""
-        with dec.timer.phase("draft"):
+        with run.timer.phase("draft"):
             found = lookup(tokens, k, self.max_n, self.min_n)
             ids = found[1] if found else []
-            drafts = devices.upload(ids, dec.device)
-            q = torch.zeros(len(ids), dec.vocab, device=dec.device)
-            q[torch.arange(len(ids), device=dec.device), drafts] = 1.0  # one-hot: the proposal is certain
+            drafts = devices.upload(ids, run.device)
+            q = torch.zeros(len(ids), run.vocab, device=run.device)
+            q[torch.arange(len(ids), device=run.device), drafts] = 1.0  # one-hot: the proposal is certain
         source = (found[0], found[0] + len(ids)) if found else None
         return Proposal(drafts, q, source)
 

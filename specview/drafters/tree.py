@@ -41,8 +41,8 @@ class TreeDrafter:
     def new_state(self):
         return self.base.new_state()
 
-    def prefill(self, dec, state, head: list[int]) -> None:
-        self.base.prefill(dec, state, head)
+    def prefill(self, run, state, head: list[int]) -> None:
+        self.base.prefill(run, state, head)
 
     def rollback(self, state, keep: int) -> None:
         self.base.rollback(state, keep)
@@ -51,15 +51,15 @@ class TreeDrafter:
         if state is not None:
             keep_rows(state, base, rows)
 
-    def propose(self, dec, state, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
+    def propose(self, run, state, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
         """A tree of depth at most k (the engine's room: N, the context). `keep_drafting` (p-min) is a
         chain's policy and is not used here."""
         if self.lm is None:
-            return self._ngram(dec, tokens, k)
-        return self._model(dec, state, tokens, k)
+            return self._ngram(run, tokens, k)
+        return self._model(run, state, tokens, k)
 
-    def _ngram(self, dec, tokens: list[int], k: int) -> Proposal:
-        with dec.timer.phase("draft"):
+    def _ngram(self, run, tokens: list[int], k: int) -> Proposal:
+        with run.timer.phase("draft"):
             found = all_continuations(tokens, k, self.base.max_n, self.base.min_n, self.shape.b)
             ids, parents, first = [], [], None
             index: dict[tuple[int, ...], int] = {}  # a trie: shared prefixes are one node
@@ -71,17 +71,17 @@ class TreeDrafter:
                         index[key] = len(ids)
                         ids.append(continuation[depth - 1])
                         parents.append(index[key[:-1]] if depth > 1 else -1)
-            drafts = devices.upload(ids, dec.device)
-            q = torch.zeros(len(ids), dec.vocab, device=dec.device)
-            q[torch.arange(len(ids), device=dec.device), drafts] = 1.0  # one-hot: the proposal is certain
+            drafts = devices.upload(ids, run.device)
+            q = torch.zeros(len(ids), run.vocab, device=run.device)
+            q[torch.arange(len(ids), device=run.device), drafts] = 1.0  # one-hot: the proposal is certain
         return Proposal(drafts, q, first, parents=parents)
 
-    def _model(self, dec, cache, tokens: list[int], k: int) -> Proposal:
-        timer, lm, shape = dec.timer, self.lm, self.shape
-        greedy, dynamic, width = dec.sampling.greedy, shape.nodes is not None, shape.width()
+    def _model(self, run, cache, tokens: list[int], k: int) -> Proposal:
+        timer, lm, shape = run.timer, self.lm, self.shape
+        greedy, dynamic, width = run.sampling.greedy, shape.nodes is not None, shape.width()
         base = len(tokens)
         with timer.phase("draft"):
-            logits = dec.forward(lm, cache, tokens[cache.get_seq_length():], keep=1)
+            logits = run.forward(lm, cache, tokens[cache.get_seq_length():], keep=1)
         ids: list[torch.Tensor] = []
         laws: list[torch.Tensor] = []
         parents: list[int] = []
@@ -92,12 +92,12 @@ class TreeDrafter:
             new = []
             with timer.phase("sample"):
                 with timer.phase("softmax"):
-                    q = probs_from_logits(logits, dec.sampling)
+                    q = probs_from_logits(logits, run.sampling)
                 deterministic = dynamic or greedy
                 # One host read per level, for every row of the frontier (the tree's shape depends on it).
                 known = self._level_read(q, deterministic)
                 for i, parent in enumerate(frontier):
-                    for rank, (token, law, prob) in enumerate(self._children(q[i], known[i], dec, deterministic)):
+                    for rank, (token, law, prob) in enumerate(self._children(q[i], known[i], run, deterministic)):
                         score = prob * (scores[parent] if parent >= 0 else 1.0)
                         if rank and shape.min and score < shape.min:  # top-b come likeliest first: none left
                             break
@@ -118,16 +118,16 @@ class TreeDrafter:
                 if fed is not None and len(new) == 1 and parents[new[0]] == fed:
                     # One node continuing the nodes fed so far: the cache stays one sequence, and the plain
                     # forward of a chain's draft needs no mask (w=1 drafts at the chain's cost).
-                    logits = dec.forward(lm, cache, ids[new[0]].view(1))
+                    logits = run.forward(lm, cache, ids[new[0]].view(1))
                     fed = new[0]
                 else:
-                    layout = token_tree.append_layout(parents, rows, new, base, cached, dec.device)
-                    logits = dec.forward(lm, cache, torch.stack([ids[j] for j in new]), tree=layout)
+                    layout = token_tree.append_layout(parents, rows, new, base, cached, run.device)
+                    logits = run.forward(lm, cache, torch.stack([ids[j] for j in new]), tree=layout)
                     fed = None
             frontier = new
         if not ids:
-            return Proposal(torch.zeros(0, dtype=torch.long, device=dec.device),
-                            torch.zeros(0, dec.vocab, device=dec.device))
+            return Proposal(torch.zeros(0, dtype=torch.long, device=run.device),
+                            torch.zeros(0, run.vocab, device=run.device))
         kept = range(len(ids))
         if dynamic and len(ids) > shape.nodes:
             # Each node's score is at most its parent's, and ties go to the earlier index: the best `nodes`
@@ -149,7 +149,7 @@ class TreeDrafter:
             return list(zip(values.tolist(), order))
         return (q > 0).sum(dim=-1).tolist()
 
-    def _children(self, q: torch.Tensor, known, dec, deterministic: bool):
+    def _children(self, q: torch.Tensor, known, run, deterministic: bool):
         """(token, the law it was drawn from, its draft probability) for up to b children of a node; `known` is
         the node's row of _level_read. No host read here: the tokens stay on the device."""
         b = self.shape.b
@@ -159,12 +159,12 @@ class TreeDrafter:
                 if prob <= 0:
                     break
                 token = order[rank]
-                law = q if dec.sampling.greedy else torch.zeros_like(q).index_fill_(0, token.view(1), 1.0)
+                law = q if run.sampling.greedy else torch.zeros_like(q).index_fill_(0, token.view(1), 1.0)
                 yield token, law, prob
             return
         law = q
         for drawn in range(min(b, known)):  # `known` tokens have mass: the last of them leaves none
-            token = sample(law, dec.generator)
+            token = sample(law, run.generator)
             yield token, law, 1.0
             if drawn + 1 == known:
                 return

@@ -1,15 +1,19 @@
 """Speculative decoding (Leviathan et al. 2023, Chen et al. 2023) and its autoregressive baseline.
 
     decoder = Decoder(target, draft, SamplingConfig(temperature=0.6), k=4, seed=0)
-    run = decoder.start(prompt_ids, max_new_tokens=64)
+    run = decoder.start(prompt_ids, max_new_tokens=64, k=4)     # k, sampling, ignore_eos, generator: per run
     while not run.done:
-        step = run.step()          # -> StepResult
+        step = run.step()          # -> StepResult; step(k=) changes K from this step on (the TUI's +/-)
 
 `draft` is a drafter (drafters/: a model, n-gram lookup, a layer-skipping view of the target) or a
 LoadedModel (wrapped in a ModelDrafter); None gives the autoregressive baseline through the same code
 path (same forward, same cache helper, same sampling function). Invariant between steps: the target's
 KV cache holds every token but the last one or two not yet fed (`tokens[cache_len:]`), so a step never
 re-runs the prefix; a draft model's cache catches up the same way.
+
+The engine runs each model through `lm.forward` (models/stock_forward.py): transformers' forward, or a forward of the
+engine's own that a fast path installed. It never asks which fast path exists; a forward built while a run goes on
+comes in through the `between_steps` hook the session passes (cpu/fast_path.py take_finished_builds).
 """
 
 from __future__ import annotations
@@ -24,12 +28,11 @@ from specview.core.errors import SpecviewError
 from specview.core.events import RunSummary, StepResult
 from specview.core.policies import make_policy, parse_policy
 from specview.core.settings import SamplingConfig
-from specview.cpu import fast_path
 from specview.engine import accept_rule, token_tree
 from specview.engine import device as devices
 from specview.engine.decision import Decision, ends_in_rejection
 from specview.engine.drafter import ModelDrafter, Proposal, context_holders
-from specview.engine.kv_cache import crop_cache, keep_rows, movable, moved_to, new_cache
+from specview.engine.kv_cache import crop_cache, keep_rows, new_cache
 from specview.engine.memory import memory_mb
 from specview.engine.phase_timer import PhaseTimer
 from specview.engine.sampling import probs_from_logits, sample
@@ -54,16 +57,20 @@ class Decoder:
         ignore_eos: bool = False,
         policy: str = "fixed",
         cost_curve=None,
+        generator: torch.Generator | None = None,
+        between_steps=None,
     ):
         self.target, self.sampling, self.k = target, sampling, k
         self.policy = parse_policy(policy)  # how many of the K to draft each step (core/policies.py)
         self.cost_curve = cost_curve  # metrics.CostCurve of this machine, if calibrated: goodput prices on it
         self.device = target.device
         self.placed = placed_devices(target.model)  # --device-map: every device the target's layers sit on
-        fast_path.install_linears(target.model)  # packed matmuls for transformers' forward
         self.drafter = ModelDrafter(draft) if isinstance(draft, LoadedModel) else draft
-        # One generator seeded once: runs follow each other on it, so R runs are R independent samples.
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        # One generator seeded once: runs follow each other on it, so R runs are R independent samples (a command
+        # that shares one generator between decoders passes it).
+        self.generator = generator or torch.Generator(device=self.device).manual_seed(seed)
+        # Called with the run before each step: a forward built in the background that is ready is taken there.
+        self.between_steps = between_steps
         self.timer = timer or PhaseTimer(self.device)
         self.eos_ids = set() if ignore_eos else eos_token_ids(target)
         self.runs = 0
@@ -80,8 +87,6 @@ class Decoder:
         it was. Vocabulary and context were checked for every drafter when the session loaded them."""
         self._drafter = drafter
         lm = getattr(drafter, "lm", None)
-        if lm is not None:
-            fast_path.install_linears(lm.model)
         self.vocab = vocab_limit(self.target, lm)  # logits sliced to what both models and the tokenizer share
         if not devices.on_host(self.device) and self.vocab >= devices.FLOAT32_EXACT_INTS:
             raise SpecviewError(f"a vocabulary of {self.vocab} tokens: on {self.device} the step's decision is "
@@ -99,13 +104,20 @@ class Decoder:
     def method(self) -> str:
         return "speculative" if self.drafter is not None else "autoregressive"
 
-    def start(self, prompt_ids: list[int], max_new_tokens: int) -> Run:
-        run = Run(self, list(prompt_ids), max_new_tokens, self.runs)
+    def start(self, prompt_ids: list[int], max_new_tokens: int, *, k: int | None = None,
+              sampling: SamplingConfig | None = None, ignore_eos: bool | None = None,
+              generator: torch.Generator | None = None, index: int | None = None) -> Run:
+        """A run of up to max_new_tokens after the prompt. K, sampling, EOS and the random stream are the run's own
+        (a server's requests each bring theirs); each defaults to the decoder's. `index` names the run in its records
+        (default: runs of this decoder counted from 0)."""
+        run = Run(self, list(prompt_ids), max_new_tokens, self.runs if index is None else index, k=self.k if k is None else k,
+                  sampling=sampling or self.sampling, generator=generator or self.generator,
+                  eos_ids=self.eos_ids if ignore_eos is None else set() if ignore_eos else eos_token_ids(self.target))
         self.runs += 1
         return run
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int):
-        run = self.start(prompt_ids, max_new_tokens)
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, **run_options):
+        run = self.start(prompt_ids, max_new_tokens, **run_options)
         while not run.done:
             yield run.step()
 
@@ -117,14 +129,14 @@ class Decoder:
         `allowed` [rows, cached + rows] lets it (a token tree's rows see their ancestors, not their cousins)."""
         if not isinstance(ids, torch.Tensor):
             ids = devices.upload(ids, self.device)
-        runner = fast_path.runner_for(lm.model)  # kernels.prepare installed the compiled forward
+        runner = lm.forward.runner  # a forward of the engine's own, installed by a fast path
         if runner is not None:
             logits = runner(ids.view(-1), cache, keep or 0, tree)[:, : self.vocab]
             if self.timer.enabled:  # its norms are fused away from any hook: their modelled time (norm_ms)
                 self.timer.modelled("layernorm", runner.norm_ms(ids.numel()))
             return logits
         extra = {} if tree is None else tree_arguments(lm.model, *tree)
-        with fast_path.packed_products():
+        with lm.forward.products():
             out = lm.model(input_ids=ids.view(1, -1), past_key_values=cache, use_cache=True, logits_to_keep=keep or 0,
                            **extra)
         # A model spread over devices (--device-map) returns its logits on its last one (a copy between devices
@@ -164,13 +176,16 @@ def eos_token_ids(lm: LoadedModel) -> set[int]:
 
 
 class Run:
-    """One generation: prompt -> up to max_new_tokens, one step() at a time. `k` may change between steps."""
+    """One generation: prompt -> up to max_new_tokens, one step() at a time (step(k=) changes K between steps).
+    A drafter drafts inside a run: it is handed the run, which gives it the decoder's forward, timer, device and
+    vocabulary, and the run's own sampling and generator."""
 
-    def __init__(self, decoder: Decoder, prompt_ids: list[int], max_new_tokens: int, index: int):
+    def __init__(self, decoder: Decoder, prompt_ids: list[int], max_new_tokens: int, index: int, *, k: int,
+                 sampling: SamplingConfig, generator: torch.Generator, eos_ids: set[int]):
         if not prompt_ids:
             raise ValueError("empty prompt: start from the tokenizer's BOS token")
         self.dec = decoder
-        self.k = decoder.k
+        self.k, self.sampling, self.generator, self.eos_ids = k, sampling, generator, eos_ids
         self.tokens = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
         self.max_new_tokens = max_new_tokens
@@ -184,9 +199,28 @@ class Run:
                                   getattr(decoder.drafter, "spec", None))
         self._prefilled = False  # the first step() prefills, so start() is instant and interruptible
         self._drafters: dict[int, object] = {}  # id(drafter) -> drafter, beside `states`
-        # A run that starts while a compiled forward is built in the background records which forward each step ran.
-        self.track_forwards = fast_path.pending_builds()
+        # A run that starts while a forward is built in the background records which forward each step ran.
+        self.track_forwards = any(lm.forward.state() == "building" for lm in self._models())
         devices.reset_peak(decoder.device)  # memory_mb's device peak is this run's
+
+    @property
+    def timer(self) -> PhaseTimer:
+        return self.dec.timer
+
+    @property
+    def device(self) -> torch.device:
+        return self.dec.device
+
+    @property
+    def vocab(self) -> int:
+        return self.dec.vocab
+
+    def forward(self, lm: LoadedModel, cache, ids, keep: int | None = None, tree=None) -> torch.Tensor:
+        return self.dec.forward(lm, cache, ids, keep, tree)
+
+    def _models(self) -> list[LoadedModel]:
+        models = [self.dec.target, self.dec.draft]
+        return [lm for lm in models if lm is not None]
 
     @property
     def generated(self) -> list[int]:
@@ -215,32 +249,28 @@ class Run:
         if head:
             self.dec.forward(self.dec.target, self.target_cache, head, keep=1)
             if self.dec.drafter is not None:
-                self.dec.drafter.prefill(self.dec, self._state(self.dec.drafter), head)
+                self.dec.drafter.prefill(self, self._state(self.dec.drafter), head)
             devices.synchronize(self.dec.device)  # the prefill's work, not its launches (else it lands in step 1)
         self.summary.prefill_ms = (time.perf_counter() - t0) * 1000
         self._prefilled = True
 
-    def _take_built_forwards(self) -> None:
-        """Between two steps: a forward built in the background that is ready runs from now on, this run's caches of
-        its model moved over (kv_cache.moved_to). Where a cache cannot move (kv_cache.movable: not transformers'
-        own), the build waits for the next run."""
+    def caches_by_model(self) -> list[tuple[LoadedModel, list[tuple[object, object]]]]:
+        """Each model this run has stepped with and its caches here, as (key, cache) for replace_cache: the target's,
+        and each draft model's drafter's (the between-steps hook moves them to a forward built meanwhile)."""
         models = [self.dec.target] + [getattr(d, "lm", None) for d in self._drafters.values()]
+        out = []
         for lm in {id(m.model): m for m in models if m is not None}.values():
-            if not fast_path.build_done(lm.model):
-                continue
             caches = [("target", self.target_cache)] if lm is self.dec.target else []
             caches += [(key, self.states[key]) for key, d in self._drafters.items() if getattr(d, "lm", None) is lm]
-            if not all(movable(cache) for _, cache in caches):
-                continue
-            fast_path.take_ready(lm.model)
-            runner = fast_path.runner_for(lm.model)
-            if runner is None:  # the build settled on transformers' forward: nothing moves
-                continue
-            for key, cache in caches:
-                if key == "target":
-                    self.target_cache = moved_to(cache, runner)
-                else:
-                    self.states[key] = moved_to(cache, runner)
+            out.append((lm, caches))
+        return out
+
+    def replace_cache(self, key, cache) -> None:
+        """Between two steps: the cache `key` (from caches_by_model) is now `cache`, holding the same positions."""
+        if key == "target":
+            self.target_cache = cache
+        else:
+            self.states[key] = cache
 
     def block_size(self) -> int:
         """Drafts this step: the policy's budget out of K (a tree drafter: its depth), but none past N (the
@@ -256,19 +286,22 @@ class Run:
             k = min(k, self.dec.context_len - len(self.tokens) - 1)
         return max(k, 0)
 
-    def step(self) -> StepResult:
+    def step(self, k: int | None = None) -> StepResult:
+        """One step; `k` is K from this step on (the TUI's +/-), else the run's."""
         if self.done:
             raise RuntimeError("this run has ended")
+        if k is not None:
+            self.k = k
         dec, timer = self.dec, self.dec.timer
         drafter = dec.drafter
-        if fast_path.pending_builds():
-            self._take_built_forwards()
+        if dec.between_steps is not None:
+            dec.between_steps(self)
         if not self._prefilled:
             self._prefill()
         timer.start_step()
         k = self.block_size()
         keep_drafting = self.policy.keep_drafting if self.policy.wants_top_q else None
-        proposal = drafter.propose(dec, self._state(drafter), self.tokens, k, keep_drafting) if k else None
+        proposal = drafter.propose(self, self._state(drafter), self.tokens, k, keep_drafting) if k else None
         base = len(self.tokens)  # where the drafted nodes start, in both caches
         with timer.phase("verify"):
             start = self.target_cache.get_seq_length()
@@ -299,8 +332,7 @@ class Run:
                 drafter.rollback(self._state(drafter), keep)
         result.phases_ms, result.wall_ms = timer.end_step()
         if self.track_forwards:
-            result.forwards = {role: "compiled" if fast_path.runner_for(lm.model) is not None
-                               else "building" if fast_path.building(lm.model) else "eager"
+            result.forwards = {role: lm.forward.state()
                                for role, lm in (("target", dec.target), ("draft", dec.draft)) if lm is not None}
         result.timing = timer.last
         result.memory_mb = memory_mb(dec.device, dec.placed)
@@ -324,7 +356,7 @@ class Run:
         no child: the bonus from the node's row. A chain draws and decides exactly as before trees."""
         dec = self.dec
         with dec.timer.phase("softmax"):
-            p = probs_from_logits(logits, dec.sampling)  # [n+1, V]: row 0 after the root, row 1 + j after node j
+            p = probs_from_logits(logits, self.sampling)  # [n+1, V]: row 0 after the root, row 1 + j after node j
         empty = torch.zeros(0, device=dec.device)
         if proposal is None:  # nothing drafted, nothing rejected: no residual to report
             return self._decision(p[0], empty, empty, empty, empty, empty, empty, top=False)
@@ -333,14 +365,14 @@ class Run:
         parents = proposal.parents if proposal.parents is not None else list(range(-1, n - 1))
         above = devices.upload([parent + 1 for parent in parents], dec.device)  # each node's row of p
         px, qx = p[above, d], q[torch.arange(n, device=dec.device), d]
-        if dec.sampling.greedy:
+        if self.sampling.greedy:
             r, matches = empty, d == p.argmax(dim=-1)[above]
         else:
-            r, matches = torch.rand(n, generator=dec.generator, device=dec.device), None
+            r, matches = torch.rand(n, generator=self.generator, device=dec.device), None
         if host is None:  # the host walk on the CPU (tests compare both walks with `host`)
             host = devices.on_host(dec.device)
         walk = accept_rule.walk_on_host if host else accept_rule.walk_on_device
-        dist, tried, accepted = walk(p, d, q, parents, qx, r, matches, dec.sampling.greedy)
+        dist, tried, accepted = walk(p, d, q, parents, qx, r, matches, self.sampling.greedy)
         # The residual's top entries are reported when the walk ended at a rejection only; on the host the walk knows
         # whether it did (a top-k of the whole vocabulary is not free on the CPU, cold after the forward)
         top = not host or ends_in_rejection(tried.tolist(), accepted.nonzero().view(-1).tolist())
@@ -349,8 +381,7 @@ class Run:
     def _decision(self, dist, tried, accepted, d, px, qx, r, top: bool = True) -> Decision:
         """The extra token drawn from `dist` (after the uniforms of the accept tests), its law's top entries (`top`:
         where a rejection may have happened), and everything moved to the host in one transfer."""
-        dec = self.dec
-        extra = sample(dist, dec.generator, dec.sampling.greedy)
+        extra = sample(dist, self.generator, self.sampling.greedy)
         if top:
             best = torch.topk(dist, min(RESIDUAL_TOP, dist.shape[-1]))
             top_ids, top_probs = best.indices, best.values
@@ -360,7 +391,7 @@ class Run:
 
     def _emit(self, decision: Decision, proposal: Proposal | None) -> StepResult:
         """Append the step's tokens (cut at the first EOS) and build its StepResult once, from the cut."""
-        greedy, speculative = self.dec.sampling.greedy, self.dec.drafter is not None
+        greedy, speculative = self.sampling.greedy, self.dec.drafter is not None
         parents = proposal.parents if proposal is not None and decision.drafted else None
         path = decision.path
         # The accepted path and the first children below it: for a chain every node, so drafted/q/p/r keep
@@ -375,7 +406,7 @@ class Run:
         # leaf leaves a bonus.
         rejected = decision.rejected
         emitted = drafted[:n] + [extra]
-        eos = next((i for i, tok in enumerate(emitted) if tok in self.dec.eos_ids), None)
+        eos = next((i for i, tok in enumerate(emitted) if tok in self.eos_ids), None)
         if eos is not None:
             emitted = emitted[: eos + 1]
             if eos < n:  # EOS among the accepted drafts: the rest of the step never happened, so the drafts

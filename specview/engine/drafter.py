@@ -6,8 +6,8 @@ What every drafter hands the engine. The engine's verify, accept test, residual 
 for every drafter (docs/design.md "Drafters"), so a drafter only proposes:
 
     state = drafter.new_state()                    # per run: a KV cache, or None
-    drafter.prefill(dec, state, prompt[:-1])       # the first step of a run
-    proposal = drafter.propose(dec, state, tokens, k, keep_drafting)   # up to k tokens and their q rows
+    drafter.prefill(run, state, prompt[:-1])       # the first step of a run
+    proposal = drafter.propose(run, state, tokens, k, keep_drafting)   # up to k tokens and their q rows
     drafter.rollback(state, keep)                  # after the step: forget positions past `keep`
     drafter.keep_rows(state, base, rows)           # a tree's step, first: keep only the accepted path's rows
 
@@ -43,31 +43,31 @@ class Proposal:
         return int(self.tokens.shape[0])
 
 
-def sample_chain(dec, next_logits, ids, k: int, keep_drafting=None) -> Proposal:
+def sample_chain(run, next_logits, ids, k: int, keep_drafting=None) -> Proposal:
     """Up to k tokens, each drawn from q after the same temperature / top-k / top-p as p: `next_logits(ids)` feeds
     `ids` to the draft and gives the logits after the last one ([V]); each drawn token is fed back as a 1-element
     tensor. p-min (`keep_drafting`) is judged on q alone (never on the target), before the token is drawn: one read
     of the top probability per drafted token, only for the policies that ask for it."""
     from specview.engine.sampling import probs_from_logits, sample
 
-    timer = dec.timer
+    timer = run.timer
     drafts, q_rows, cut = [], [], None  # cut: the refused top probability, when p-min stopped drafting
     for _ in range(k):
         with timer.phase("draft"):
             logits = next_logits(ids)
         with timer.phase("sample"):
             with timer.phase("softmax"):
-                q = probs_from_logits(logits, dec.sampling)
+                q = probs_from_logits(logits, run.sampling)
             if keep_drafting is not None and not keep_drafting(top := float(q.max())):
                 cut = top
                 break
-            token = sample(q, dec.generator, dec.sampling.greedy)
+            token = sample(q, run.generator, run.sampling.greedy)
         drafts.append(token)
         q_rows.append(q)
         ids = token.view(1)
     if not drafts:
-        return Proposal(torch.zeros(0, dtype=torch.long, device=dec.device),
-                        torch.zeros(0, dec.vocab, device=dec.device), cut=cut is not None, cut_q=cut)
+        return Proposal(torch.zeros(0, dtype=torch.long, device=run.device),
+                        torch.zeros(0, run.vocab, device=run.device), cut=cut is not None, cut_q=cut)
     return Proposal(torch.stack(drafts), torch.stack(q_rows), cut=cut is not None, cut_q=cut)
 
 
@@ -85,14 +85,14 @@ class ModelDrafter:
     def new_state(self):
         return new_cache(self.lm)
 
-    def prefill(self, dec, cache, head: list[int]) -> None:
-        dec.forward(self.lm, cache, head, keep=1)
+    def prefill(self, run, cache, head: list[int]) -> None:
+        run.forward(self.lm, cache, head, keep=1)
 
-    def propose(self, dec, cache, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
+    def propose(self, run, cache, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
         """k tokens, each fed back without leaving the device. The cache may lag the tokens by more than
         one (this drafter sat out some steps of a multi-drafter session): one forward catches it up."""
         ids: list[int] | torch.Tensor = tokens[cache.get_seq_length():]
-        return sample_chain(dec, lambda fed: dec.forward(self.lm, cache, fed, keep=1)[-1], ids, k, keep_drafting)
+        return sample_chain(run, lambda fed: run.forward(self.lm, cache, fed, keep=1)[-1], ids, k, keep_drafting)
 
     def rollback(self, cache, keep: int) -> None:
         crop_cache(cache, keep)

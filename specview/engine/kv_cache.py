@@ -4,14 +4,13 @@ from __future__ import annotations
 
 
 def new_cache(lm):
-    """A fresh cache for a LoadedModel; a model view that needs its own cache type (drafters.layerskip's
-    SkipModel) provides new_cache(), and so does a model that runs fastdecode's forward."""
+    """A fresh cache for a LoadedModel: a model view that needs its own cache type (drafters.layerskip's SkipModel)
+    provides new_cache(), and so does a forward of the engine's own (lm.forward.runner: it keeps its keys and values
+    in place); else transformers' DynamicCache."""
     own = getattr(lm.model, "new_cache", None)
     if callable(own):
         return own()
-    from specview.cpu.fast_path import runner_for
-
-    runner = runner_for(lm.model)  # the compiled forward keeps its keys and values in place
+    runner = lm.forward.runner
     if runner is not None:
         return runner.new_cache()
     from transformers import DynamicCache
@@ -46,8 +45,8 @@ def keep_rows(cache, base: int, rows: list[int]) -> None:
 
 
 def _layer_tensors(cache):
-    """Every layer's key and value tensors [batch, heads, positions, dim]: fastdecode's StaticKV keeps them in
-    lists, transformers' DynamicCache in its layers (a layer-skip cache's skipped slots hold none)."""
+    """Every layer's key and value tensors [batch, heads, positions, dim]: the engine's own forward's StaticKV keeps
+    them in lists, transformers' DynamicCache in its layers (a layer-skip cache's skipped slots hold none)."""
     if isinstance(getattr(cache, "keys", None), list):
         yield from cache.keys
         yield from cache.values
@@ -57,23 +56,3 @@ def _layer_tensors(cache):
             tensor = getattr(layer, name, None)
             if tensor is not None and hasattr(tensor, "index_select") and tensor.dim() == 4 and tensor.numel():
                 yield tensor
-
-
-def movable(cache) -> bool:
-    """Whether moved_to can take `cache` over: transformers' own DynamicCache, not a subclass or another cache (a
-    layer-skip view's, llama.cpp's). A run with a cache that cannot move keeps the forward it started with."""
-    return type(cache).__name__ == "DynamicCache" and getattr(cache, "layers", None) is not None
-
-
-def moved_to(cache, runner):
-    """transformers' cache of a run (one `movable` accepts), as `runner`'s own (StaticKV), the same keys and values:
-    the engine switching to a forward built in the background between two steps."""
-    static = runner.new_cache()
-    length = cache.get_seq_length()
-    static.reserve(length)
-    for i, layer in enumerate(cache.layers):
-        if length:
-            static.keys[i][:, :, :length] = layer.keys[:, :, :length]
-            static.values[i][:, :, :length] = layer.values[:, :, :length]
-    static.length = length
-    return static

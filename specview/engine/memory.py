@@ -68,17 +68,17 @@ def peak_rss_mb() -> float:
     return peak / MB if sys.platform == "darwin" else peak / 1024
 
 
-def weights_mb(model: torch.nn.Module) -> float:
-    """The bytes of a model's parameters and buffers, each storage counted once (tied matrices share one), plus
-    the copies the CPU fast path holds for it (cpu/fast_path.py: packed, fused or re-laid-out weights)."""
+def weights_mb(lm) -> float:
+    """The bytes of a LoadedModel's parameters and buffers, each storage counted once (tied matrices share one), plus
+    the copies its forward holds beside them (lm.forward.held_tensors: a fast path's packed, fused or re-laid-out
+    weights)."""
+    model = lm.model
     seen: set[int] = set()
     total = 0
     halves = [m.halves for m in model.modules() if isinstance(getattr(m, "halves", None), torch.Tensor)]
     for tensor in [*model.parameters(), *model.buffers(), *halves]:  # an int4 layer's halves: not a buffer (int4.py)
         total += _storage_bytes(tensor, seen)
-    from specview.cpu.fast_path import held_tensors
-
-    for tensor in held_tensors(model):
+    for tensor in lm.forward.held_tensors():
         total += _storage_bytes(tensor, seen)
     return total / MB
 

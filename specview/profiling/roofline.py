@@ -116,23 +116,21 @@ def probe_bandwidth(device, nbytes: int | None = None, repeats: int = PROBE_REPE
 # --- bytes a forward reads -----------------------------------------------------------------------------
 
 
-def model_bytes(model) -> dict:
+def model_bytes(model, runner=None) -> dict:
     """{"weights": bytes of weights one forward reads, "kv_per_token": KV cache bytes per cached token}.
 
     Every parameter once (a tied lm_head and embedding share one tensor: counted once, as the head, which
     reads all of it); an embedding that is not the head is a lookup and reads one row per token; int4
     layers count their packed codes, scales and zeros (buffers); a head that specview's forward reads as its
-    int8 codes (fastweights.head_weight) counts those and their scales; a layer-skipping view holds only its kept
-    layers, so only those count. A drafter without a model (n-gram) reads nothing: no call here."""
+    int8 codes (`runner`, the forward of the engine's own that runs the model: LoadedModel.forward.runner) counts
+    those and their scales; a layer-skipping view holds only its kept layers, so only those count. A drafter without
+    a model (n-gram) reads nothing: no call here."""
     from torch import nn
-
-    from specview.cpu.forward import llama
 
     head = model.get_output_embeddings()
     head_weight = getattr(head, "weight", None)
     seen: set[int] = set()
     total = 0
-    runner = llama.runner_for(model)
     if runner is not None and runner.lm_head[0] == "int8" and head_weight is not None:
         seen.add(id(head_weight))
         total += sum(t.numel() * t.element_size() for t in runner.lm_head[1:3])
@@ -200,21 +198,21 @@ def session_roofline(session, bandwidth: dict | None = None, drafters: bool = Tr
 
     bw = bandwidth or measure_bandwidth(session.device)
 
-    def figures(model, rows: tuple[int, ...]) -> dict:
-        products = products_ms(model, tuple(r for r in rows if r <= MAX_PRODUCT_ROWS))
-        return {**model_bytes(model), **({"products_ms": products} if products else {})}
+    def figures(lm, rows: tuple[int, ...]) -> dict:
+        products = products_ms(lm.model, tuple(r for r in rows if r <= MAX_PRODUCT_ROWS))
+        return {**model_bytes(lm.model, lm.forward.runner), **({"products_ms": products} if products else {})}
 
     per_drafter = {}
     for d in session.drafters if drafters else ():
         lm = getattr(d, "lm", None)
         if lm is not None:
-            per_drafter[d.spec] = figures(lm.model, (1,))
+            per_drafter[d.spec] = figures(lm, (1,))
         elif hasattr(d, "model_bytes"):  # a draft model run elsewhere (llama.cpp): its bytes, no products of ours
             per_drafter[d.spec] = d.model_bytes()
         else:
             per_drafter[d.spec] = {"weights": 0, "kv_per_token": 0}
     return {"bandwidth_gbs": bw["gbs"], "probe": bw["method"],
-            "target": figures(session.target.model, (1, 2, session.settings.k + 1)),
+            "target": figures(session.target, (1, 2, session.settings.k + 1)),
             "drafters": per_drafter, "prompt_len": len(session.prompt_ids)}
 
 

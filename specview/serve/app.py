@@ -188,10 +188,10 @@ def create_app(state: Readiness, hub: EventHub, metrics: ServeMetrics, stop: Sto
         return JSONResponse({"text": job.sequence_text, "generated_text": end["text"], "summary": end})
 
     async def health(request: Request) -> Response:
-        from specview.cpu.builds import status as building
+        from specview.session import builds_in_flight
 
         # forwards_building: spec -> what its background build is doing
-        return JSONResponse({**state.health(bool(stop)), "forwards_building": building()})
+        return JSONResponse({**state.health(bool(stop)), "forwards_building": builds_in_flight()})
 
     async def metrics_page(request: Request) -> Response:
         check_token(request)

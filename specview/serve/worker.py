@@ -33,7 +33,6 @@ from specview.backend.views import StepView, step_record
 from specview.core.detokenize import token_texts
 from specview.core.errors import SpecviewError
 from specview.core.stopping import Stop
-from specview.engine.decoder import Run, eos_token_ids
 from specview.engine.drafter import context_holders
 from specview.profiling.recorder import ProfileRecorder
 from specview.serve.hub import EventHub
@@ -81,7 +80,6 @@ class EngineWorker:
         self.tokenizer = copy.deepcopy(session.target.tokenizer)  # the loop thread's own (submit())
         self.decoders: dict[str, object] = {}  # drafter spec (or "autoregressive") -> its Decoder
         self.drafters = {d.spec: d for d in session.drafters}
-        self.eos_ids = eos_token_ids(session.target)
         # No seed in a request: draws continue on this generator, seeded once (runs follow each other).
         self.generator = torch.Generator(device=session.device).manual_seed(session.settings.seed)
         self.summaries: deque = deque()  # the runs that still have steps in the profile (its prefills, stop reasons)
@@ -229,12 +227,10 @@ class EngineWorker:
         settings, draft, prompt_ids = job.settings, job.draft, job.prompt_ids
         tokenizer = session.target.tokenizer
         decoder = self._decoder(draft)
-        # One decoder per drafter, set up for this request: sampling, K, EOS and the random stream.
-        decoder.sampling, decoder.k = settings.sampling, settings.k
-        decoder.eos_ids = set() if settings.ignore_eos else self.eos_ids
-        decoder.generator = (self.generator if r.seed is None else
-                             torch.Generator(device=session.device).manual_seed(r.seed))
-        run = Run(decoder, prompt_ids, settings.max_new_tokens, job.id)
+        # One decoder per drafter; sampling, K, EOS and the random stream are this request's run's own.
+        generator = self.generator if r.seed is None else torch.Generator(device=session.device).manual_seed(r.seed)
+        run = decoder.start(prompt_ids, settings.max_new_tokens, k=settings.k, sampling=settings.sampling,
+                            ignore_eos=settings.ignore_eos, generator=generator, index=job.id)
         start = start_event(session, decoder.method, 1, settings, prompt_ids)
         start.update(drafter=draft, request=job.id)
         self._send(job, start)

@@ -18,10 +18,9 @@ import tiny
 from specview.core.settings import SamplingConfig
 from specview.cpu import builds, fast_path, forward_choice
 from specview.cpu.forward import llama as llama_forward
+from specview.cpu.forward.static_kv import movable
 from specview.drafters.layerskip import SkipModel
-from specview.engine import decoder as decoder_module
 from specview.engine.decoder import Decoder
-from specview.engine.kv_cache import movable
 from specview.models.loader import LoadedModel, load_pair
 
 SAMPLES = 1000  # each run starts a build thread and switches: the law test of the switch, not of sampling
@@ -45,6 +44,7 @@ def start_build(lm, runner=None) -> threading.Event:
         return fast_path.ForwardChoice("compiled", "a stand-in build"), runner
 
     builds.start(lm.model, lm.spec, work, one_copy=one_copy)
+    fast_path.attach(lm)  # as a session does: the engine reads lm.forward
     return gate
 
 
@@ -55,7 +55,10 @@ def finish(lm, gate) -> None:
 
 def greedy(target, draft, switch_after: int | None) -> tuple[list[int], list]:
     gate = start_build(target) if switch_after is not None else None
-    run = Decoder(target, draft, SamplingConfig(temperature=0), k=3, seed=0, ignore_eos=True).start(PROMPT, 12)
+    if draft is not None:
+        fast_path.attach(draft)
+    run = Decoder(target, draft, SamplingConfig(temperature=0), k=3, seed=0, ignore_eos=True,
+                  between_steps=fast_path.take_finished_builds).start(PROMPT, 12)
     steps = []
     while not run.done:
         if gate is not None and len(steps) == switch_after:
@@ -86,7 +89,7 @@ def test_the_run_switches_between_steps_and_keeps_greedy_output(pair):
     assert got == want
     assert [s.forwards["target"] for s in steps[:2]] == ["building", "building"]
     assert all(s.forwards["target"] == "compiled" for s in steps[2:])
-    assert fast_path.runner_for(target.model) is not None and not builds.pending()
+    assert target.forward.runner is not None and not builds.pending()
 
 
 def test_a_run_that_starts_with_nothing_pending_records_no_forwards(pair):
@@ -100,22 +103,22 @@ def test_a_cache_that_did_not_move_is_caught(pair, monkeypatch):
     equality has power here; a cache left short would only be fed again)."""
     target, draft = pair
     want, _ = greedy(target, None, None)
-    real = decoder_module.moved_to
+    real = fast_path.from_dynamic
 
-    def keys_lost(cache, runner):
-        moved = real(cache, runner)
+    def keys_lost(cache, static):
+        moved = real(cache, static)
         noise = torch.Generator().manual_seed(0)
         for tensor in (*moved.keys, *moved.values):
             tensor.normal_(generator=noise)
         return moved
 
-    monkeypatch.setattr(decoder_module, "moved_to", keys_lost)
+    monkeypatch.setattr(fast_path, "from_dynamic", keys_lost)
     got, _ = greedy(target, draft, switch_after=2)
     assert got != want
 
 
 def test_only_transformers_own_cache_moves(pair):
-    """kv_cache.movable, the one check the switch makes before it takes a forward: transformers' DynamicCache moves;
+    """static_kv.movable, the one check the switch makes before it takes a forward: transformers' DynamicCache moves;
     a layer-skip view's (a DynamicCache subclass laid out for the view) and the fast forward's own do not."""
     target, _ = pair
     assert movable(DynamicCache(config=target.model.config))
@@ -126,7 +129,7 @@ def test_only_transformers_own_cache_moves(pair):
 def switched_counts(target, draft, cfg, vocab: int) -> np.ndarray:
     """The first N_TOKENS tokens of SAMPLES runs, each starting on transformers' forward and switching after its
     first step."""
-    decoder = Decoder(target, draft, cfg, k=2, seed=7, ignore_eos=True)
+    decoder = Decoder(target, draft, cfg, k=2, seed=7, ignore_eos=True, between_steps=fast_path.take_finished_builds)
     counts = np.zeros(vocab ** N_TOKENS)
     family, _ = forward_choice._family(target.model)  # the engine's forward for this model (GPT-2's here)
     runner = family(target.model, compiled=False)

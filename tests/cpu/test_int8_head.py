@@ -108,7 +108,7 @@ def test_a_q8_0_head_runs_on_its_codes_and_the_forward_computes_what_transformer
     # the roofline counts what the forward reads: 8 x 32 codes and 8 scales, not 8 x 32 floats
     llama.install(lm.model, compiled, family=llama.FastForward)
     try:
-        as_int8 = model_bytes(lm.model)["weights"]
+        as_int8 = model_bytes(lm.model, llama.runner_for(lm.model))["weights"]
     finally:
         llama.uninstall(lm.model)
     assert model_bytes(lm.model)["weights"] - as_int8 == 8 * 32 * 4 - (8 * 32 + 8 * 4)

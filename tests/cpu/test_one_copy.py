@@ -9,6 +9,7 @@ import torch
 from test_compiled import PROMPT, fast_logits, hf_logits
 
 import tiny
+from specview.cpu.fast_path import CpuForward
 from specview.cpu.forward import llama as llama_forward
 from specview.cpu.forward import one_copy
 from specview.cpu.forward.gpt2 import GPT2Forward
@@ -22,7 +23,9 @@ KERNELS = ["1", pytest.param("thin", marks=pytest.mark.skipif(
 
 
 def fresh(lm) -> LoadedModel:
-    return LoadedModel(lm.spec, copy.deepcopy(lm.model), lm.tokenizer, lm.device, lm.dtype, lm.context_len)
+    """A copy of `lm` whose forward is the fast path's (its memory figures count the runner's copies)."""
+    model = copy.deepcopy(lm.model)
+    return LoadedModel(lm.spec, model, lm.tokenizer, lm.device, lm.dtype, lm.context_len, CpuForward(model))
 
 
 def originals(model) -> dict[str, torch.Tensor]:
@@ -40,11 +43,11 @@ def test_the_copies_replace_the_originals_and_give_them_back(small_llama_pair, s
     runner = llama_forward.install(lm.model, compiled=False,
                                    family=llama_forward.FastForward if family == "llama" else GPT2Forward)
     packed_linear.drop_packs(lm.model)  # the copies hf_logits's forward made for itself
-    held = weights_mb(lm.model)  # the parameters and the copies
+    held = weights_mb(lm)  # the parameters and the copies
     got = fast_logits(runner, PROMPT)
     freed = runner.release_originals()
     assert freed > 0 and one_copy.released(lm.model)
-    after = weights_mb(lm.model)
+    after = weights_mb(lm)
     assert after == pytest.approx(held - freed / 2**20, abs=1e-3)  # each released storage gone (stand-ins: 4 bytes)
     torch.testing.assert_close(fast_logits(runner, PROMPT), got, rtol=0, atol=0)  # the forward reads copies only
     llama_forward.uninstall(lm.model)
@@ -68,9 +71,9 @@ def test_fused_matrices_are_the_modules_own_storage(small_llama_pair, monkeypatc
     """q/k/v and gate/up fused into one matrix each: the modules become views of it, not a second copy."""
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")
     lm = fresh(small_llama_pair[0])
-    params = weights_mb(lm.model)
+    params = weights_mb(lm)
     llama_forward.install(lm.model, compiled=False)
-    assert weights_mb(lm.model) == pytest.approx(params, rel=1e-6)
+    assert weights_mb(lm) == pytest.approx(params, rel=1e-6)
     attn = lm.model.model.layers[0].self_attn
     assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.v_proj.weight.untyped_storage().data_ptr()
     llama_forward.uninstall(lm.model)
@@ -113,11 +116,11 @@ def test_a_laid_out_model_gives_its_runner_the_same_matrices(small_llama_pair, s
     before = originals(lm.model)
     want = hf_logits(lm, PROMPT)
     kind.lay_out(lm.model)
-    held = weights_mb(lm.model)
+    held = weights_mb(lm)
     params = {name: p.data_ptr() for name, p in lm.model.named_parameters()}
     runner = kind(lm.model, compiled=False)
     assert {name: p.data_ptr() for name, p in lm.model.named_parameters()} == params  # nothing swapped
-    assert weights_mb(lm.model) == pytest.approx(held, abs=1e-3)  # and nothing copied
+    assert weights_mb(lm) == pytest.approx(held, abs=1e-3)  # and nothing copied
     storages = {p.untyped_storage().data_ptr() for p in lm.model.parameters()}
     assert {w[1].untyped_storage().data_ptr() for w in runner.products()} <= storages
     for name, value in before.items():
@@ -136,6 +139,7 @@ def test_an_int4_forward_on_thin_holds_its_codes_once(monkeypatch, family):
     model = tiny.make_model(family, 32, seed=4)  # a vocabulary of 32: the int4 head fits the kernel's blocks
     lm = LoadedModel("tiny@int4+head", int4_copy(model, head=True), tiny.make_tokenizer(32), torch.device("cpu"),
                      torch.bfloat16, 128)
+    lm.forward = CpuForward(lm.model)
     layers = {name: m for name, m in lm.model.named_modules() if type(m).__name__ == "Int4Linear"}
     before = {name: (m.packed.clone(), m.halves.clone()) for name, m in layers.items()}
     want = hf_logits(lm, PROMPT)
@@ -143,11 +147,11 @@ def test_an_int4_forward_on_thin_holds_its_codes_once(monkeypatch, family):
                                    family=llama_forward.FastForward if family == "llama" else GPT2Forward)
     on_thin = [w for w in runner.products() if w[0] == "int4" and w[6] is not None]
     assert len(on_thin) == len(runner.products())  # every product, the head's too
-    held = weights_mb(lm.model)
+    held = weights_mb(lm)
     got = fast_logits(runner, PROMPT)
     freed = runner.release_originals()
     assert freed > 0 and one_copy.released(lm.model)
-    assert weights_mb(lm.model) == pytest.approx(held - freed / 2**20, abs=1e-3)
+    assert weights_mb(lm) == pytest.approx(held - freed / 2**20, abs=1e-3)
     released = [name for name, m in layers.items() if m.packed.stride() == (0, 0)]
     assert len(released) >= 4 and all(layers[name].halves.stride() == (0, 0) for name in released)
     torch.testing.assert_close(fast_logits(runner, PROMPT), got, rtol=0, atol=0)  # thin's copy alone serves

@@ -7,6 +7,7 @@ import copy
 import pytest
 
 from specview.core.settings import SamplingConfig
+from specview.cpu.fast_path import CpuForward
 from specview.cpu.forward import llama as llama_forward
 from specview.engine.decoder import Decoder
 from specview.engine.phase_timer import PhaseTimer
@@ -21,7 +22,7 @@ def own_forward(lm) -> LoadedModel:
     """A copy of lm running the engine's own forward (eager: no compiler needed, and no norm module runs)."""
     model = copy.deepcopy(lm.model)
     llama_forward.install(model, compiled=False)
-    return LoadedModel(lm.spec + "-own", model, lm.tokenizer, lm.device, lm.dtype, lm.context_len)
+    return LoadedModel(lm.spec + "-own", model, lm.tokenizer, lm.device, lm.dtype, lm.context_len, CpuForward(model))
 
 
 def layernorm_of_a_run(target, draft) -> dict:

@@ -37,7 +37,7 @@ def decide(logits: torch.Tensor, proposal: Proposal, host: bool, cfg: SamplingCo
     dec = type("Dec", (), {})()
     dec.sampling, dec.device, dec.timer, dec.generator = cfg, CPU, PhaseTimer(CPU), torch.Generator()
     run = decoder.Run.__new__(decoder.Run)
-    run.dec = dec
+    run.dec, run.sampling, run.generator = dec, dec.sampling, dec.generator
     return run._decide(logits, proposal, host=host)
 
 

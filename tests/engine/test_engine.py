@@ -103,8 +103,8 @@ def test_k_changes_between_steps(loaded_pair):
     decoder = Decoder(target, draft, GREEDY, k=2, ignore_eos=True)
     run = decoder.start(PROMPT, 40)
     assert len(run.step().drafted) == 2
-    run.k = 6
-    assert len(run.step().drafted) == 6
+    assert len(run.step(k=6).drafted) == 6
+    assert len(run.step().drafted) == 6  # K stays as the last step set it
     ar, _ = generate(target, None, GREEDY, n=40)
     while not run.done:
         run.step()
@@ -312,7 +312,7 @@ def test_the_host_walk_decides_as_the_device_walk_bit_for_bit(cfg, shape):
             dec.sampling, dec.device, dec.timer = cfg, CPU, PhaseTimer(CPU)
             dec.generator = torch.Generator().manual_seed(1000 + case)
             run = decoder.Run.__new__(decoder.Run)
-            run.dec = dec
+            run.dec, run.sampling, run.generator = dec, dec.sampling, dec.generator
             decision = run._decide(logits, proposal, host=host)
             walks.append((vars(decision), dec.generator.get_state()))
         (host_decision, host_rng), (device_decision, device_rng) = walks

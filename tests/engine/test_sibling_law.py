@@ -82,6 +82,7 @@ def first_token_law(laws, draw, cfg, host: bool, forced: Forced) -> torch.Tensor
     proposal = Proposal(torch.tensor(draw), torch.stack(laws).float(), parents=[-1] * n)
     run = engine.Run.__new__(engine.Run)
     run.dec = fake_decoder(cfg)
+    run.sampling, run.generator = run.dec.sampling, run.dec.generator
 
     def decide(rs):
         forced.accept = rs

@@ -15,6 +15,7 @@ from specview.core.policies import GoodputFigures
 from specview.core.settings import SamplingConfig
 from specview.core.tree_shape import split_tree
 from specview.cpu import forward_choice
+from specview.cpu.fast_path import CpuForward
 from specview.cpu.forward import aot_compile, llama
 from specview.drafters.ngram import NgramDrafter
 from specview.drafters.specs import kind, split_specs
@@ -23,6 +24,7 @@ from specview.engine import accept_rule
 from specview.engine.decoder import Decoder, token_tree
 from specview.engine.drafter import ModelDrafter
 from specview.engine.kv_cache import keep_rows, new_cache
+from specview.models.stock_forward import StockForward
 
 PROMPT = [1, 5, 9, 11]
 SMALL = [1, 5, 3, 6]  # a prompt for the vocabulary-8 pairs
@@ -96,6 +98,7 @@ def test_one_forward_over_the_tree_gives_each_path_its_logits(loaded_pair, forwa
         assert reason is None, reason
         monkeypatch.setenv("SPECVIEW_AOT", "1")
         llama.install(target.model, compiled=forward == "compiled", family=family)
+        target.forward = CpuForward(target.model)
     try:
         dec = Decoder(target, None, SamplingConfig(temperature=0))
         cache = new_cache(target)
@@ -114,6 +117,7 @@ def test_one_forward_over_the_tree_gives_each_path_its_logits(loaded_pair, forwa
         torch.testing.assert_close(after[-1], plain[-1], atol=1e-4, rtol=1e-4)
     finally:
         llama.uninstall(target.model)
+        target.forward = StockForward()
 
 
 SHAPES = ["tree:b=2,d=3", "tree:nodes=6,b=3,d=4", "tree:b=3,d=1", "tree:b=3,d=3,w=1,min=0.02"]
@@ -175,11 +179,13 @@ def test_fastdecode_tree_verify_is_greedy_equal(small_llama_pair):
     want = [t for s in Decoder(target, None, greedy, ignore_eos=True).generate(SMALL, 24) for t in s.emitted]
     for lm in (target, draft):
         llama.install(lm.model, compiled=False)
+        lm.forward = CpuForward(lm.model)
     try:
         steps = list(Decoder(target, tree_drafter(draft, "tree:b=2,d=3"), greedy, ignore_eos=True).generate(SMALL, 24))
     finally:
         for lm in (target, draft):
             llama.uninstall(lm.model)
+            lm.forward = StockForward()
     assert [t for s in steps for t in s.emitted] == want
     assert any(len(s.tree["path"]) > 1 and s.tree["path"] != list(range(len(s.tree["path"])))
                for s in steps if s.tree), "an accepted path off the first branch must occur (rows gathered)"
@@ -206,9 +212,11 @@ def fast_pair(small_llama_pair):
     third of transformers' forward (what they test is the decision, the forward is tested above)."""
     for lm in small_llama_pair:
         llama.install(lm.model, compiled=False)
+        lm.forward = CpuForward(lm.model)
     yield small_llama_pair
     for lm in small_llama_pair:
         llama.uninstall(lm.model)
+        lm.forward = StockForward()
 
 
 def tree_counts(target, drafter, cfg, prompt, samples=LAW_SAMPLES):

@@ -1,4 +1,4 @@
-"""fastdecode's KV cache: every layer's keys and values in buffers allocated ahead, written in place. Its own
+"""The engine's own forward's KV cache: every layer's keys and values in buffers allocated ahead, written in place. Its own
 module so that the forward's file holds the forward; engine/kv_cache.py's helpers (crop, keep_rows) work on it as on
 transformers' caches."""
 
@@ -38,3 +38,22 @@ class StaticKV:
                 new = torch.empty(self.shape, dtype=old.dtype)
                 new[:, :, : self.length] = old[:, :, : self.length]
                 buffers[i] = new
+
+
+def movable(cache) -> bool:
+    """Whether from_dynamic can take `cache` over: transformers' own DynamicCache, not a subclass or another cache (a
+    layer-skip view's, llama.cpp's). A run with a cache that cannot move keeps the forward it started with."""
+    return type(cache).__name__ == "DynamicCache" and getattr(cache, "layers", None) is not None
+
+
+def from_dynamic(cache, static: StaticKV) -> StaticKV:
+    """transformers' cache of a run (one `movable` accepts) copied into `static` (a new StaticKV of the forward built
+    in the background), the same keys and values: the switch between two steps."""
+    length = cache.get_seq_length()
+    static.reserve(length)
+    for i, layer in enumerate(cache.layers):
+        if length:
+            static.keys[i][:, :, :length] = layer.keys[:, :, :length]
+            static.values[i][:, :, :length] = layer.values[:, :, :length]
+    static.length = length
+    return static
