@@ -11,14 +11,13 @@ from dataclasses import dataclass, field
 import torch
 
 from specview.core import host
+from specview.core.draft_spec import DraftSpec, parse_drafts
 from specview.core.errors import SpecviewError
 from specview.core.events import EVENTS_SCHEMA
 from specview.core.policies import first_policy
 from specview.core.prompt_text import text_problem
 from specview.core.settings import Settings, draft_for_device
 from specview.drafters.specs import build as build_drafter
-from specview.drafters.specs import kind as drafter_kind
-from specview.drafters.specs import split_specs
 from specview.engine.decoder import Decoder
 from specview.engine.device import name as device_name
 from specview.engine.drafter import context_holders
@@ -159,8 +158,7 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
     problem = text_problem(settings.prompt or "")
     if problem:  # before the load, not after it
         raise SpecviewError(f"--prompt is not text: {problem}")
-    specs = split_specs(settings.draft) if with_draft else []
-    kinds = [drafter_kind(spec) for spec in specs]  # an unknown kind fails here, before the load
+    specs = parse_drafts(settings.draft) if with_draft else []  # a bad spec fails here, before the load
     if settings.threads:
         torch.set_num_threads(settings.threads)
     device = resolve_device(settings.device)
@@ -171,9 +169,8 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
         notes.append(f"default draft on {device.type}: {chosen} ({default_problem})")
         say(notes[-1])
         settings.draft = chosen
-        specs = split_specs(chosen)
-        kinds = [drafter_kind(spec) for spec in specs]
-    check_int4_specs(settings.target, [s for s, kind in zip(specs, kinds) if kind == "model"], int4_problem)
+        specs = parse_drafts(chosen)
+    check_int4_specs(settings.target, specs, int4_problem)
     t0 = time.perf_counter()
     loaded: dict = {}  # one load per source: the default pair's int4 draft is a copy of the target
     say(f"loading target {settings.target}")
@@ -195,7 +192,7 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
         notes.append(msg)
         say(msg)
 
-    drafters = [build_drafter(spec, target, load_draft, prompt_ids, note) for spec, _ in zip(specs, kinds)]
+    drafters = [build_drafter(spec, target, load_draft, prompt_ids, note) for spec in specs]
     check_context(context_holders(target, drafters), len(prompt_ids), settings.max_new_tokens)
     forwards = prepare_forwards([target] + [getattr(d, "lm", None) for d in drafters], settings.compile, say,
                                 background)
@@ -218,16 +215,15 @@ def int4_problems(device: torch.device) -> tuple[str | None, str | None]:
     return device_problem(device), default_problem(device)
 
 
-def check_int4_specs(target: str, drafts: list[str], problem: str | None) -> None:
+def check_int4_specs(target: str, drafts: list[DraftSpec], problem: str | None) -> None:
     """An @int4 model spec on a device without an int4 kernel fails here, in one line, before anything loads."""
     if problem is None:
         return
-    from specview.core.tree_shape import split_tree
-    from specview.models.loader import parse_spec
-
-    for option, spec in [("--target", target)] + [("--draft", draft) for draft in drafts]:
-        if parse_spec(split_tree(spec)[0]).int4:
-            raise SpecviewError(f"{option} {spec}: {problem}")
+    if target.partition("@")[2] in ("int4", "int4+head"):
+        raise SpecviewError(f"--target {target}: {problem}")
+    for draft in drafts:
+        if draft.int4:
+            raise SpecviewError(f"--draft {draft}: {problem}")
 
 
 def prepare_forwards(models: list, mode: str, say: Callable[[str], None], background: bool = False) -> dict:

@@ -13,21 +13,17 @@ Prints a table and a plotext plot; writes the document and its plot (PNG, SVG) i
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 
 import torch
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from specview.core import host
-from specview.core.files import ensure_writable_dir, save_figure, write_json_atomic
+from specview.core.files import save_figure
 from specview.core.metrics import CostCurve, fit_cost_curve
-from specview.core.settings import Settings
-from specview.core.stopping import Stop
 from specview.engine import device as devices
 from specview.engine.kv_cache import crop_cache, new_cache
-from specview.session import Session, open_session
+from specview.session import Session
 
 SCHEMA = "specview.calibrate/1"
 MIN_K = 8  # rows measured: 1 .. 2 max(K, 8) + 1
@@ -172,38 +168,3 @@ def write_plot_files(curve: CostCurve, json_path: str, title: str) -> list[str]:
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=9)
     return save_figure(fig, json_path)
-
-
-def calibrate_command(args) -> int:
-    import os
-
-    from specview.core.files import clean_name
-
-    settings = Settings.from_args(args)
-    out_dir = args.profile_dir or settings.profile_dir
-    ensure_writable_dir(out_dir, "--profile-dir")
-    err = Console(stderr=True)
-    console = Console(highlight=False)
-    stop = Stop()
-    with stop.on_signals():
-        with err.status("loading models…") if err.is_terminal else nullcontext() as status:
-            say = (lambda msg: status.update(msg + "…")) if status else (lambda msg: None)
-            with stop.immediately():
-                session = open_session(settings, say)
-                max_rows = args.max_rows or 2 * max(settings.k, MIN_K) + 1
-                curve, key = calibrate(session, max_rows, args.repeats, say)
-    cpu = host.cpu_summary()
-    console.print(curve_table(curve))
-    for line in describe(curve):
-        console.print(line, soft_wrap=True)
-    console.print(f"on {cpu}, {torch.get_num_threads()} thread(s), torch {torch.__version__}", soft_wrap=True)
-    if not args.no_plot:
-        console.print(terminal_plot(curve, color=console.is_terminal))
-    path = os.path.join(out_dir, f"calibrate-{clean_name(settings.target)}-t{torch.get_num_threads()}.json")
-    write_json_atomic(path, {"schema": SCHEMA, "key": key, "cpu": cpu, "threads": torch.get_num_threads(),
-                             "target": settings.target, "drafters": [d.spec for d in session.drafters],
-                             "position": len(session.prompt_ids), "curve": curve.to_json()}, indent=1)
-    plots = write_plot_files(curve, path, f"{settings.target} · {cpu} · {torch.get_num_threads()} thread(s)")
-    err.print(f"cost curve kept for this machine in {host.cache_path(host.COSTS_FILE)}", soft_wrap=True)
-    err.print(f"written: {path} {' '.join(plots)}", soft_wrap=True)
-    return 0

@@ -19,21 +19,17 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
-from rich.console import Console
 
-from specview.analysis.check_report import EXIT, print_distribution, print_greedy, summary_line, verdict
 from specview.core.prompt_sets import load_prompts as load_prompt_file
-from specview.core.settings import SamplingConfig, Settings
+from specview.core.settings import SamplingConfig
 from specview.core.stopping import Stop
 from specview.engine.decoder import Decoder
-from specview.engine.drafter import context_holders
 from specview.engine.kv_cache import crop_cache, new_cache
 from specview.engine.sampling import probs_from_logits
-from specview.session import Session, check_context, encode_prompt, open_session
+from specview.session import Session
 
 QUICK = "quick"  # the default set: --prompt and these three, a few seconds of greedy decoding each
 QUICK_PROMPTS = ("The three primary colors are", "def fibonacci(n):", "Q: What is the capital of France?\nA:")
@@ -308,43 +304,3 @@ def check_distribution(session: Session, drafter, prefix: list[int], samples: in
     tests = [v for v in (result.first_p, result.later_p) if v is not None]
     result.p_value = None if pv is None else min(1.0, len(tests) * min(tests))
     return prefix
-
-
-def check_command(args) -> int:
-    settings = Settings.from_args(args)
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = max(console.width, 120)  # a pipe or file gets whole lines, not 80 columns
-    say = Console(stderr=True, highlight=False)
-    texts = load_prompts(args.prompts, settings.prompt)  # a bad file fails before the models load
-    stop = Stop()
-    with stop.on_signals():
-        with say.status("loading models…") if say.is_terminal else nullcontext() as status:
-            with stop.immediately():
-                session = open_session(settings, (lambda m: status.update(m + "…")) if status else None)
-        tok = session.target.tokenizer
-        prompts = [encode_prompt(tok, text, settings.chat) for text in texts]
-        for ids in prompts:
-            check_context(context_holders(session.target, session.drafters), len(ids),
-                          settings.max_new_tokens)
-        s = settings
-        console.print(f"specview check: target {s.target}, K {s.k}, temperature {s.temperature}, top-k "
-                      f"{s.top_k or 'off'}, top-p {s.top_p if s.top_p < 1 else 'off'}, seed {s.seed}; greedy over "
-                      f"{len(prompts)} prompts x {s.max_new_tokens} tokens; distribution from {args.samples} samples")
-        results = []
-        for drafter in session.drafters:
-            result = DrafterResult(drafter.spec)
-            results.append(result)
-            with say.status(f"{drafter.spec}: greedy") if say.is_terminal else nullcontext():
-                check_greedy(session, drafter, prompts, s.max_new_tokens, result, stop)
-            print_greedy(console, result, texts, tok)
-            prefix = prompts[0]
-            if not s.greedy and not stop:
-                with say.status(f"{drafter.spec}: {args.samples} samples") if say.is_terminal else nullcontext():
-                    prefix = check_distribution(session, drafter, prompts[0], args.samples, result, stop)
-            print_distribution(console, result, prefix, tok, args.threshold, s.greedy)
-    console.print(summary_line(results, args.threshold, s.greedy), soft_wrap=True)
-    if stop:
-        return 130
-    return EXIT[verdict(results, args.threshold, s.greedy)]
-

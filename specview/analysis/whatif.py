@@ -29,11 +29,12 @@ import json
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+from specview.core.draft_spec import parse_draft
 from specview.core.errors import SpecviewError
 from specview.core.file_schemas import DISTS_SCHEMA
 from specview.core.metrics import AcceptanceFigures, CostCurve, fit_cost_curve, ratio
 from specview.core.policies import Policy, make_policy, parse_policy
-from specview.core.tree_shape import TreeShape, split_tree
+from specview.core.tree_shape import TreeShape
 
 ORACLE_K = 16  # the oracle's K: "unlimited" within what a lookup block records
 ORACLE = "oracle"  # greedy: drafts exactly the run the draft matches (at most K), nothing wasted; sampling: fixed K
@@ -333,7 +334,7 @@ def tree_over(dists: dict, spec: str) -> tuple[TreeShape | None, str]:
     recorded under its own spec whose shape the record cannot replay (replayed as the chain its record holds)."""
     recorded = _recorded(dists, spec)
     shape = tree_shape(dists, spec, strict=not recorded)
-    return shape, spec if shape is None or recorded else split_tree(spec)[0]
+    return shape, spec if shape is None or recorded else parse_draft(spec, check_files=False).base
 
 
 def tree_shape(dists: dict, spec: str, strict: bool = True) -> TreeShape | None:
@@ -347,7 +348,8 @@ def tree_shape(dists: dict, spec: str, strict: bool = True) -> TreeShape | None:
     keep, and so would `nodes=`: its cut ranks the levels below a rejection, whose drafted tokens the record
     does not hold. (With `min=` the verdicts are exact and so are the tokens; the siblings counted below the
     first rejected level, rows that cost time and decide nothing, come from the text's distributions.)"""
-    base, shape = split_tree(spec)
+    parsed = parse_draft(spec, check_files=False)
+    base, shape = parsed.base, parsed.tree
     if shape is None:
         return None
     recorded = (dists["runs"][0].get("drafters") or {}) if dists["runs"] else {}

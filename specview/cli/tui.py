@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
+
 
 def parse(argv: list[str]):
     from specview.core.options import build_tui_parser
@@ -21,6 +24,36 @@ def run(args) -> int:
 
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise SpecviewError("the TUI needs a terminal; for headless output use `specview run` (same options)")
-    from specview.tui.app import tui_command
-
     return tui_command(args)
+
+
+def tui_command(args) -> int:
+    """The TUI on the models the options name, on a server (--attach), or on llama-server / vLLM (run checked for a
+    terminal; the tests drive it headless)."""
+    from specview.core.settings import Settings
+    from specview.tui.app import SpecviewApp
+    from specview.tui.command import run_tui
+    from specview.tui.process import ProcessBackend
+
+    settings = Settings.from_args(args)
+    if getattr(args, "attach", None) and getattr(args, "engine", None) is not None:  # llama-server, vLLM
+        from specview.remote.watch import EngineWatch
+        from specview.tui.engine_app import EngineApp
+
+        return run_tui(EngineApp(EngineWatch(args.engine, settings)))
+    if getattr(args, "attach", None):
+        from specview.tui.attach import AttachBackend
+
+        return run_tui(SpecviewApp(AttachBackend(args.attach, args.token, settings, follow=args.follow)))
+    # The engine runs in a child process: the screen's rendering cannot slow its timed forwards.
+    return run_tui(SpecviewApp(ProcessBackend(engine_settings(settings))))
+
+
+def engine_settings(settings):
+    """The settings the engine child runs with: with --threads unset, one thread fewer than the cores this process
+    may use. torch's default takes every core, and its threads then wait on the screen's: on a 2-core machine the
+    load and every step became several times slower than with one engine thread."""
+    if settings.threads is not None:
+        return settings
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return replace(settings, threads=max(1, cores - 1))

@@ -9,11 +9,10 @@ from rich.console import Console
 from rich.table import Table
 
 from specview.analysis.whatif import ORACLE, Replay, load_dists, plain, whatif_document
+from specview.core.draft_spec import parse_draft, parse_drafts
 from specview.core.errors import SpecviewError
 from specview.core.events import fmt
 from specview.core.file_schemas import load as load_document
-from specview.core.tree_shape import split_tree
-from specview.drafters.specs import split_specs
 
 DEFAULT_KS = (1, 2, 3, 4, 6, 8)
 
@@ -125,9 +124,9 @@ def whatif_command(args) -> int:
 
     policies = [parse_policy(p) for p in args.policies.split(",") if p.strip()]
     recorded_specs = list(dists["runs"][0]["drafters"]) if dists["runs"] else []
-    drafters = split_specs(args.drafter) if args.drafter else recorded_specs  # a tree's options hold commas
+    drafters = [d.text for d in parse_drafts(args.drafter)] if args.drafter else recorded_specs
     for d in drafters:
-        if d not in recorded_specs and split_tree(d)[0] not in recorded_specs:
+        if d not in recorded_specs and parse_draft(d).base not in recorded_specs:
             raise SpecviewError(f"--drafter {d}: not recorded in {dists_path} (recorded: {', '.join(recorded_specs)}; "
                                 "a recorded drafter with a ';tree:...,w=1' suffix replays a tree)")
     doc = whatif_document(profile, dists, ks, policies, drafters)

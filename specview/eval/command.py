@@ -21,14 +21,13 @@ from rich.progress import (
 )
 
 from specview.bench.methods import EngineMethod
+from specview.core.draft_spec import parse_drafts
 from specview.core.errors import SpecviewError
 from specview.core.files import ensure_writable_dir, write_json_atomic
 from specview.core.policies import parse_policies
 from specview.core.prompt_sets import BUILTIN, Prompt, load_prompts
 from specview.core.settings import Settings
 from specview.core.stopping import Stop, run_stoppable
-from specview.drafters.specs import kind as drafter_kind
-from specview.drafters.specs import split_specs
 from specview.engine.drafter import context_holders
 from specview.eval.document import (
     build_doc,
@@ -114,9 +113,7 @@ def check_inputs(args, settings: Settings) -> tuple[list[Prompt], dict, dict | N
     if getattr(args, "prompt", None) is not None:
         raise SpecviewError("eval reads its prompts from --prompts (builtin or a file), not --prompt")
     prompts = load_prompts(args.prompts, args.limit, args.categories)
-    drafters = split_specs(settings.draft)
-    for spec in drafters:
-        drafter_kind(spec)
+    drafters = [spec.text for spec in parse_drafts(settings.draft)]
     config = eval_config(settings, args, prompts, drafters)
     previous = load_resume(args.resume, config) if args.resume else None
     if args.json == "-":

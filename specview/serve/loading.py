@@ -8,7 +8,7 @@ signal stops it. Nothing here imports torch: the server listens before torch is 
 
 from __future__ import annotations
 
-from specview.drafters.specs import kind, split_specs
+from specview.core.draft_spec import parse_drafts
 from specview.serve.schema import ApiError
 
 LOADING_RETRY_S = 5  # Retry-After while the models load: a guess (/health says what the load is doing)
@@ -27,10 +27,7 @@ def load_session(settings, say):
 def drafter_specs(settings) -> list[str]:
     """The drafters `settings` asks for, checked as open_session checks them: a bad spec fails before the socket
     listens, as it did when the load came first."""
-    specs = split_specs(settings.draft)
-    for spec in specs:
-        kind(spec)
-    return specs
+    return [spec.text for spec in parse_drafts(settings.draft)]
 
 
 def server_info(settings, cap: int, session=None, t_ar_ms: float | None = None, roofline=None) -> dict:

@@ -4,9 +4,7 @@ in thread workers that talk back only through post_message."""
 
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import replace
 
 from rich.text import Text
 from textual import work
@@ -375,36 +373,6 @@ class SpecviewApp(App[None]):
 
     def on_resize(self) -> None:
         self.call_after_refresh(self.redraw)  # widgets pick their full or compact form from the size
-
-
-def tui_command(args) -> int:
-    """`specview [OPTIONS]`: the TUI on the models the options name (cli.py checks for a terminal)."""
-    from specview.core.settings import Settings
-    from specview.tui.command import run_tui
-    from specview.tui.process import ProcessBackend
-
-    settings = Settings.from_args(args)
-    if getattr(args, "attach", None) and getattr(args, "engine", None) is not None:  # llama-server, vLLM
-        from specview.remote.watch import EngineWatch
-        from specview.tui.engine_app import EngineApp
-
-        return run_tui(EngineApp(EngineWatch(args.engine, settings)))
-    if getattr(args, "attach", None):
-        from specview.tui.attach import AttachBackend
-
-        return run_tui(SpecviewApp(AttachBackend(args.attach, args.token, settings, follow=args.follow)))
-    # The engine runs in a child process: the screen's rendering cannot slow its timed forwards.
-    return run_tui(SpecviewApp(ProcessBackend(engine_settings(settings))))
-
-
-def engine_settings(settings):
-    """The settings the engine child runs with: with --threads unset, one thread fewer than the cores this process
-    may use. torch's default takes every core, and its threads then wait on the screen's: on a 2-core machine the
-    load and every step became several times slower than with one engine thread."""
-    if settings.threads is not None:
-        return settings
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return replace(settings, threads=max(1, cores - 1))
 
 
 def forward_label(views) -> str:

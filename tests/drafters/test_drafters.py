@@ -8,10 +8,10 @@ import torch
 
 import tiny
 from helpers import run_cli
+from specview.core.draft_spec import parse_draft, parse_drafts
 from specview.core.errors import SpecviewError
 from specview.core.settings import SamplingConfig, Settings
 from specview.drafters.ngram import NgramDrafter, lookup
-from specview.drafters.specs import split_specs
 from specview.engine.decoder import Decoder
 from specview.models.loader import load_model
 
@@ -27,11 +27,11 @@ def test_lookup_takes_the_longest_most_recent_match():
     assert lookup([4, 1, 2, 4], 2, max_n=3, min_n=2) is None  # min 2: the 1-gram "4" is not enough
 
 
-def test_split_specs_keeps_ngram_options_together():
-    assert split_specs("ngram:max=3,min=2,smollm2-135m@int4") == ["ngram:max=3,min=2", "smollm2-135m@int4"]
-    assert split_specs("a,self:skip=1-3") == ["a", "self:skip=1-3"]
+def test_the_draft_list_keeps_ngram_options_together():
+    assert [d.text for d in parse_drafts("ngram:max=3,min=2,smollm2-135m@int4")] == ["ngram:max=3,min=2", "smollm2-135m@int4"]
+    assert [d.text for d in parse_drafts("a,self:skip=1-3")] == ["a", "self:skip=1-3"]
     with pytest.raises(SpecviewError, match="twice"):
-        split_specs("ngram,ngram")
+        parse_drafts("ngram,ngram")
 
 
 def _greedy(target, drafter, prompt, n=40):
@@ -56,7 +56,7 @@ def test_every_drafter_is_greedy_equal(llama):
     prompt = [5, 9, 11, 5, 9, 11, 5, 9]
     reference, _ = _greedy(target, None, prompt)
     for spec in ("ngram", "ngram:max=2,min=1", "self:skip=1-2", "self:auto", path + "@int4", path + "@bfloat16"):
-        drafter = build(spec, target, lambda s: load_model(s, CPU), prompt)
+        drafter = build(parse_draft(spec), target, lambda s: load_model(s, CPU), prompt)
         out, steps = _greedy(target, drafter, prompt)
         assert out == reference, spec
         assert sum(len(s.drafted) for s in steps) > 0, f"{spec} never drafted"
@@ -82,7 +82,7 @@ def test_an_int4_target_drafts_with_ngram_and_its_own_layers(llama, compile_mode
         prompt = [5, 9, 11, 5, 9, 11, 5, 9]
         reference, _ = _greedy(target, None, prompt)
         for spec in ("ngram", "self:skip=1-2"):
-            out, steps = _greedy(target, build(spec, target, lambda s: load_model(s, CPU), prompt), prompt)
+            out, steps = _greedy(target, build(parse_draft(spec), target, lambda s: load_model(s, CPU), prompt), prompt)
             assert out == reference, spec
             assert sum(len(s.drafted) for s in steps) > 0, f"{spec} never drafted"
     finally:
@@ -107,7 +107,7 @@ def test_switching_drafters_mid_run_stays_greedy_equal(llama):
     path, target = llama
     prompt = [5, 9, 11, 5, 9]
     reference, _ = _greedy(target, None, prompt)
-    drafters = [NgramDrafter(), build(path + "@bfloat16", target, lambda s: load_model(s, CPU), prompt)]
+    drafters = [NgramDrafter(), build(parse_draft(path + "@bfloat16"), target, lambda s: load_model(s, CPU), prompt)]
     decoder = Decoder(target, drafters[0], GREEDY, k=3, seed=0, ignore_eos=True)
     run = decoder.start(prompt, 40)
     i = 0
@@ -159,4 +159,4 @@ def test_run_with_ngram_writes_drafter_and_source(capsys, llama):
 
 
 def test_settings_default_draft_is_a_spec_the_parser_takes():
-    assert split_specs(Settings().draft) == [Settings().draft]
+    assert [d.text for d in parse_drafts(Settings().draft)] == [Settings().draft]

@@ -8,6 +8,7 @@ import torch
 from device_rules import DeviceRules, Float64Error, describe, per_step
 from laws import CASES, exact_joint, speculative_counts, tv, tv_threshold
 
+from specview.core.draft_spec import parse_draft
 from specview.core.settings import SamplingConfig
 from specview.drafters.specs import build
 from specview.engine.decoder import Decoder
@@ -54,7 +55,7 @@ def test_the_harness_forces_the_device_walk():
 
 def _decoder(pair, spec, sampling, k=K):
     target, draft = pair
-    drafter = build(spec, target, lambda name: draft, PROMPT)
+    drafter = build(parse_draft(spec), target, lambda name: draft, PROMPT)
     return Decoder(target, drafter, sampling, k=k, seed=0, ignore_eos=True)
 
 

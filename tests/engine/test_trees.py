@@ -9,6 +9,7 @@ import pytest
 import torch
 from laws import CASES, N_TOKENS, exact_joint, tv, tv_threshold
 
+from specview.core.draft_spec import parse_draft, parse_drafts
 from specview.core.errors import SpecviewError
 from specview.core.metrics import Counts
 from specview.core.policies import GoodputFigures
@@ -18,7 +19,6 @@ from specview.cpu import forward_choice
 from specview.cpu.fast_path import CpuForward
 from specview.cpu.forward import aot_compile, llama
 from specview.drafters.ngram import NgramDrafter
-from specview.drafters.specs import kind, split_specs
 from specview.drafters.tree import TreeDrafter
 from specview.engine import accept_rule
 from specview.engine.decoder import Decoder, token_tree
@@ -303,19 +303,19 @@ def test_sampled_tree_steps_label_the_bonus_and_the_resample(fast_pair, options)
 
 def test_tree_specs_parse_and_refuse():
     assert split_tree("smollm2-135m@int4;tree:b=2,d=4")[1].size(4) == 30
-    assert split_specs("smollm2-135m@int4;tree:b=2,d=4,ngram;tree") == ["smollm2-135m@int4;tree:b=2,d=4", "ngram;tree"]
-    assert split_tree("x;tree:nodes=16")[1].size(8) == 16 and kind("ngram:max=3;tree:b=4") == "ngram"
+    assert [d.text for d in parse_drafts("smollm2-135m@int4;tree:b=2,d=4,ngram;tree")] == ["smollm2-135m@int4;tree:b=2,d=4", "ngram;tree"]
+    assert split_tree("x;tree:nodes=16")[1].size(8) == 16 and parse_draft("ngram:max=3;tree:b=4").kind == "ngram"
     assert split_tree("x;tree:b=2,d=4,w=1")[1].size(4) == 8 and split_tree("x;tree:b=3,d=3,w=2")[1].size(3) == 3 + 6 + 6
     assert split_tree("x;tree:nodes=40,b=2,d=6")[1].size(6) == 2 + 4 + 4 + 4 + 4 + 4  # dynamic: w defaults to b
     assert split_tree("x;tree:b=2,w=1,min=0.05")[1].min == 0.05 and split_tree("x;tree:min=.5")[1].min == 0.5
-    assert split_tree("gpt2") == ("gpt2", None) and kind("self:skip=1-3;tree") == "self"
+    assert split_tree("gpt2") == ("gpt2", None) and parse_draft("self:skip=1-3;tree").kind == "self"
     # "²" and "٣" are digits to str.isdigit() but not to int(), nor are 5000 of them: these were tracebacks
     for bad in ("x;tree:b=0", "x;tree:b=99", "x;tree:q=1", "x;forest", ";tree", "ngram;tree:d=3", "x;tree:b=2,b=3",
                 "x;tree:b=²", "x;tree:d=٣", "x;tree:w=0", "ngram;tree:w=1", "x;tree:min=0", "x;tree:min=1", "x;tree:min=nan",
                 "x;tree:min=-0.5", "x;tree:min=.5,min=.2", "ngram;tree:min=0.1",
                 "x;tree:min=٠.١", "x;tree:min=0.1_0", "x;tree:min=1e-2", "x;tree:min=inf", "x;tree:nodes=" + "1" * 5000, "x;tree:nodes=" + "0" * 5000 + "129"):
         with pytest.raises(SpecviewError, match="--draft"):
-            kind(bad)
+            parse_draft(bad)
 
 
 def test_run_takes_a_tree_spec_and_records_the_tree(capsys, gpt2_paths):

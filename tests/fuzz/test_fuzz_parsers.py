@@ -1,4 +1,4 @@
-"""Property tests of the parsers a user's text reaches: `--draft` specs (split_specs, kind, ngram options,
+"""Property tests of the parsers a user's text reaches: `--draft` specs (core/draft_spec.py, ngram options,
 self:skip sets, models.parse_spec), `--device-map` (auto or a JSON file) and `--max-memory`, and the prompt-set
 readers of eval and check (text, JSONL, Spec-Bench question.jsonl). For any input each one returns a value
 that makes sense, or raises SpecviewError with one line; never another exception, and never a hang.
@@ -14,13 +14,12 @@ from fuzz_settings import fuzz
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from specview.core.draft_spec import parse_drafts
 from specview.core.errors import SpecviewError
 from specview.core.prompt_sets import load_prompts, parse_jsonl, parse_lines
 from specview.core.prompt_text import text_problem
-from specview.core.tree_shape import split_tree
 from specview.drafters.layerskip import parse_skip
 from specview.drafters.ngram import parse_ngram_options
-from specview.drafters.specs import kind, split_specs
 from specview.models.loader import parse_spec
 from specview.models.placement import parse_max_memory, placement
 
@@ -42,9 +41,8 @@ def check_draft(text: str) -> list | None:
     """What a session does with --draft before and while building the drafters, without models."""
     def run():
         out = []
-        for spec in split_specs(text):
-            what = kind(spec)  # (a ";tree..." suffix is checked here)
-            spec, _ = split_tree(spec)
+        for parsed in parse_drafts(text):  # (a ";tree..." suffix is checked here)
+            what, spec = parsed.kind, parsed.base
             if what == "ngram":
                 out.append(parse_ngram_options(spec))
             elif what == "self":
@@ -109,7 +107,7 @@ def test_a_huge_skip_range_is_refused_at_once():
 def test_ngram_and_skip_specs_mean_what_they_say():
     # found: the README's own self:skip=4-9,15 split into self:skip=4-9 and a model named "15"
     assert check_draft("ngram:max=3,min=2,self:skip=1-2,4,ngram:min=2") == [(3, 2), (1, 2, 4), (4, 2)]
-    assert split_specs("self:skip=4-9,15") == ["self:skip=4-9,15"]
+    assert [d.text for d in parse_drafts("self:skip=4-9,15")] == ["self:skip=4-9,15"]
     assert one_line_error(check_draft, "ngram:min=3,max=2") is None
 
 

@@ -33,7 +33,7 @@ def headless_tui(monkeypatch, tui_pair, tmp_path):  # noqa: F811 - the fixture i
         monkeypatch.setattr(SpecviewApp, "run", lambda self, **kw: App.run(self, headless=True, **kw))
         args = build_tui_parser().parse_args(["--target", tui_pair[0], "--draft", tui_pair[1], "--prompt", "w1",
                                               "-N", "30", "--profile-dir", str(tmp_path / "p")])
-        from specview.tui.app import tui_command
+        from specview.cli.tui import tui_command
 
         return tui_command(args)
 
@@ -65,8 +65,8 @@ def test_tui_command_saves_the_profile_when_the_app_crashes(headless_tui, capsys
 def test_the_engine_child_leaves_a_core_to_the_screen_unless_threads_are_given(monkeypatch):
     """torch's default (a thread per core) made the TUI's engine child wait on the screen's thread: on two cores a
     step took seconds. With --threads unset the child takes one fewer than the cores this process may use."""
+    from specview.cli.tui import engine_settings
     from specview.core.settings import Settings
-    from specview.tui.app import engine_settings
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)  # not on macOS
     assert engine_settings(Settings()).threads == 3
