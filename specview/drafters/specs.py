@@ -1,4 +1,4 @@
-"""`--draft` specs -> drafters (docs/design.md "Drafters"). One spec or a comma-separated list:
+"""`--draft` specs -> drafters (docs/design/drafters.md). One spec or a comma-separated list:
 
     MODEL[@dtype]          a draft model (hub id, folder, .gguf, smollm2-135m); dtype float32|bfloat16|float16|int4|int4+head
     ngram[:max=4,min=1]    prompt lookup over prompt + generated tokens; q is one-hot
@@ -6,7 +6,7 @@
     self:auto              the skip set chosen by a short calibration on the prompt, printed
     llamacpp[:PATH.gguf]   llama.cpp (llama-cpp-python, an extra) running the target's GGUF file, or PATH
 
-    DRAFTER;tree:b=2,d=4   a token tree from that drafter (docs/design.md §18): b children per node, depth d
+    DRAFTER;tree:b=2,d=4   a token tree from that drafter (docs/design/trees.md): b children per node, depth d
     DRAFTER;tree:nodes=16  the 16 nodes of highest draft probability (EAGLE-2), b=, d= bound the expansion
     DRAFTER;tree:b=2,d=4,w=1  only the w likeliest nodes of each level get children: w=1 is the chain with
                            b-1 siblings beside each node as leaves (the chain's draft forwards, more rows verified)
