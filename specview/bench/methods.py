@@ -52,7 +52,7 @@ class EngineMethod:
         self.session = session
         self.stop = stop
         self.decoder = session.decoder(method, drafter=drafter, policy=self.policy)
-        self.decoder.generator = generator  # one generator for the whole command (docs/design.md: seeded once)
+        self.decoder.generator = generator  # one generator for the whole command (docs/design/engine.md: seeded once)
 
     def run(self, k: int | None = None, prompt_ids: list[int] | None = None,
             max_new_tokens: int | None = None) -> RunRecord:
