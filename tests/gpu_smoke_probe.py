@@ -67,7 +67,7 @@ def probe(device: str) -> None:
         syncs = [w for w in caught if "synchroniz" in str(w.message)]
         mine = [w for w in syncs if "/specview/" in w.filename]
         sites = sorted({f"{os.path.basename(w.filename)}:{w.lineno}" for w in syncs})
-        say(len(mine) <= 1, f"syncs in a chain step, timing off: {len(mine)} in specview (docs/design.md §8: 1), "
+        say(len(mine) <= 1, f"syncs in a chain step, timing off: {len(mine)} in specview (docs/design/engine.md: 1), "
                             f"{len(syncs)} in all at {', '.join(sites) or 'none'}")
         devices.reset_peak(session.device)
         after_reset = torch.cuda.max_memory_allocated(session.device)

@@ -1,6 +1,7 @@
-"""The docs a newcomer reads: README.md stays a short user's guide, every relative link in README.md and docs/
-resolves (to a file, and to a heading where it names one), and the figures in docs/benchmarks.md and the
-README's table are exactly what `make results` writes from docs/results/*.json."""
+"""The docs a newcomer reads: README.md stays a short user's guide, the design notes stay one short file per topic
+under an index, every relative link in README.md and docs/ resolves (to a file, and to a heading where it names one),
+every design note the code names exists, and the figures in docs/benchmarks.md and the README's table are exactly
+what `make results` writes from docs/results/*.json."""
 
 import re
 import unicodedata
@@ -12,6 +13,9 @@ from specview.bench import results
 
 ROOT = Path(__file__).resolve().parents[1]
 README_LIMIT = 15_000  # bytes: the issue's bar (anchor projects' READMEs are 1-9 KB)
+DESIGN_NOTE_LIMIT = 20_000  # bytes per docs/design/<topic>.md: one topic a reader takes in at one sitting (issue 47)
+DESIGN_INDEX_LIMIT = 5_000  # bytes: docs/design.md is the index of the notes, not a note itself
+DESIGN_REF = re.compile(r"docs/design(?:/[\w.-]+)?\.md(?:\s*§\s*\w+)?")
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 
@@ -64,6 +68,38 @@ def test_every_relative_link_resolves(path):
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
     assert not broken, f"{path.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_design_notes_are_short_topic_files_under_an_index():
+    notes = sorted((ROOT / "docs" / "design").glob("*.md"))
+    assert len(notes) >= 5, "docs/design/ holds the design notes, one file per topic"
+    big = {str(p.relative_to(ROOT)): p.stat().st_size for p in notes if p.stat().st_size > DESIGN_NOTE_LIMIT}
+    assert not big, f"design notes over {DESIGN_NOTE_LIMIT} bytes, split them by topic: {big}"
+    index = ROOT / "docs" / "design.md"
+    assert index.stat().st_size <= DESIGN_INDEX_LIMIT, f"docs/design.md is an index (limit {DESIGN_INDEX_LIMIT} bytes)"
+    listed = {(index.parent / target).resolve() for target in links(index)}
+    missing = [p.name for p in notes if p.resolve() not in listed]
+    assert not missing, f"docs/design.md does not link these notes: {missing}"
+
+
+def code_files() -> list[Path]:
+    here = Path(__file__).resolve()  # this file names the old forms to refuse them
+    return [p for p in [*sorted((ROOT / "specview").rglob("*.py")), *sorted((ROOT / "tests").rglob("*.py")),
+                        ROOT / "pyproject.toml", ROOT / "Makefile"] if p.resolve() != here]
+
+
+def test_every_design_note_the_code_names_exists():
+    """Docstrings and comments cite design notes by file (docs/design/<topic>.md); a name that no longer exists, the
+    index (docs/design.md, which holds no contract) or a numbered section of the old single file is stale."""
+    stale, seen = [], 0
+    for path in code_files():
+        for ref in DESIGN_REF.findall(path.read_text(encoding="utf-8")):
+            seen += 1
+            file = ref.split("§")[0].strip()
+            if "§" in ref or file == "docs/design.md" or not (ROOT / file).is_file():
+                stale.append(f"{path.relative_to(ROOT)}: {ref}")
+    assert seen, "no design note cited anywhere: the pattern is broken"
+    assert not stale, "stale design references: " + "; ".join(stale)
 
 
 def test_the_docs_have_links_to_check():

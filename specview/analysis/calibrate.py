@@ -1,4 +1,4 @@
-"""`specview calibrate`: the cost curve of this machine (docs/design.md "Cost curves").
+"""`specview calibrate`: the cost curve of this machine (docs/design/whatif-and-calibrate.md "Cost curves").
 
 Measures the target's forward time for 1 to 2K + 1 rows (K = max(-K, 8), so diagnosis' best K up to 2K and
 whatif up to 16 are inside the measured range) at the prompt's position, and each drafter's time per

@@ -1,4 +1,4 @@
-"""Why the speedup is what it is, in plain sentences (docs/design.md "Roofline and diagnosis").
+"""Why the speedup is what it is, in plain sentences (docs/design/diagnosis-and-check.md).
 
 Every number in a sentence comes from the measured figures (acceptance, c, v, t_ar, the roofline), never
 from a constant: the formulas are metrics.py's (E(K), E / (K c + v), break-even c), the floors

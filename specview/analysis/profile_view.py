@@ -204,7 +204,7 @@ def largest_overheads(s: dict, count: int = 3) -> list[str]:
 
 
 def roofline_table(roof: dict) -> Table:
-    """Each model's forward against its memory floor (docs/design.md "Roofline and diagnosis")."""
+    """Each model's forward against its memory floor (docs/design/diagnosis-and-check.md)."""
     table = Table(title=f"roofline: forwards against the memory floor ({fmt(roof.get('bandwidth_gbs'), '{:.1f}')} GB/s "
                         "measured)", title_justify="left",
                   caption=f"floor = bytes read (weights + KV cache) / bandwidth; share = floor / measured; products = "

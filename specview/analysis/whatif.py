@@ -1,4 +1,4 @@
-"""What-if replay (docs/design.md "What-if replay"): a run recorded with `--record-dists` replayed at any K,
+"""What-if replay (docs/design/whatif-and-calibrate.md): a run recorded with `--record-dists` replayed at any K,
 draft-length policy and recorded drafter, without running a model. No torch, no textual.
 
 Per emitted position t the record gives, for a drafter, the probability that its token at t is accepted

@@ -1,5 +1,5 @@
-"""The engine behind a stream: commands in, records out, one JSON object per line (docs/design.md, "Engine
-stream"). The TUI runs it as a child process so that nothing it draws can slow the engine down: in one
+"""The engine behind a stream: commands in, records out, one JSON object per line (docs/design/tui.md,
+"The engine stream"). The TUI runs it as a child process so that nothing it draws can slow the engine down: in one
 process, Textual's rendering holds the GIL between the forward's small operators (a verify forward timed
 markedly slower under the TUI than in `specview run`). The step records are the `specview.events/1` step
 records of `--jsonl`, plus what a viewer needs to draw them.
@@ -12,7 +12,7 @@ commands (stdin)                      records (stdout)
   {"cmd": "new_run", "k": 4}            {"type": "run", "run": 1}
   {"cmd": "next_drafter"}               {"type": "drafter", "spec": ..}
   {"cmd": "save", "final": false}       {"type": "saved", "path": ..}
-  {"cmd": "whatif"}                     {"type": "whatif", "figures": {specview.whatif/1} | null}  (docs/design.md §17)
+  {"cmd": "whatif"}                     {"type": "whatif", "figures": {specview.whatif/1} | null}  (docs/design/whatif-and-calibrate.md)
   {"cmd": "quit"}                       (saves like final, then exits 0)
   any failure                           {"type": "error", "message": "one line", "fatal": bool}
   (a line that is not such a command: not JSON, not an object, an unknown cmd, a k that is not an integer,

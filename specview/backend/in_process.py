@@ -82,7 +82,7 @@ class EngineBackend(Backend):
             before = run.tokens[-8:]
             step = run.step(k=self.k)  # K as the viewer has it now (+/- between steps)
             if len(self.session.drafters) > 1:
-                step.drafter = self.draft  # docs/design.md: step records name their drafter when a session has several
+                step.drafter = self.draft  # docs/design/events.md: step records name their drafter when a session has several
             self.recorder.add_step(step)
             texts = token_texts(self.session.target.tokenizer.decode, before, step)
             return StepView(step, texts, run.summary.prefill_ms)

@@ -1,5 +1,5 @@
 """What the engine side hands a viewer: plain dataclasses, built on the engine's thread, and their record in
-the engine stream (docs/design.md §10a): the records backend/engine_stream.py writes, serve streams and the TUI reads."""
+the engine stream (docs/design/tui.md): the records backend/engine_stream.py writes, serve streams and the TUI reads."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def _tree(v) -> bool:
             and _ints(v.get("rejected", [])))
 
 
-# what the widgets read from a step record, by type (the engine stream's step records: docs/design.md §10a)
+# what the widgets read from a step record, by type (the engine stream's step records: docs/design/tui.md)
 _STEP_CHECKS = {"step": _int, "drafted": _ints, "q": _nums, "p": _nums, "r": _opt(_nums), "accepted": _int,
                 "rejected_at": _opt(_int), "resampled": _opt(_int), "bonus": _opt(_int), "emitted": _ints,
                 "residual_top": _opt(lambda v: isinstance(v, list) and all(isinstance(x, list) and _nums(x) for x in v)),

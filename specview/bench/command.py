@@ -4,7 +4,7 @@ Methods on the same prompt, N and settings, each warmed up once, then timed in i
 (A B C A B C ...) so machine drift hits all alike: autoregressive (target alone), speculative,
 draft_autoregressive (draft alone) and, with `--peer hf`, transformers' generate() (hf_generate) and
 assisted generation (hf_assisted); with `--peer llamacpp`, llama.cpp on the target's GGUF file
-(llamacpp_generate, llamacpp_prompt_lookup). Then the metrics of docs/design.md, a rich table, `--json` and a
+(llamacpp_generate, llamacpp_prompt_lookup). Then the metrics of docs/design/metrics.md, a rich table, `--json` and a
 bench file in --profile-dir that `specview report` renders.
 """
 
@@ -323,7 +323,7 @@ def _over(a: float | None, b: float | None) -> float | None:
 
 
 def write_profile_files(session, folder: str, timed_speculative: list, doc: dict) -> tuple[str, str]:
-    """The profile of the timed speculative runs at the main K (docs/design.md: bench writes `<stem>.json` and
+    """The profile of the timed speculative runs at the main K (docs/design/profiles.md: bench writes `<stem>.json` and
     `<stem>.trace.json` like `run --profile`), and beside it `<stem>.bench.json` with the comparison."""
     from specview.profiling.recorder import ProfileRecorder
 

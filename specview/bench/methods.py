@@ -51,7 +51,7 @@ class EngineMethod:
         self.sweeps = self.policy in (None, first)  # --sweep-k sweeps the first policy; the others run at the main K
         self.session = session
         self.stop = stop
-        # One generator for the whole command (docs/design.md: seeded once).
+        # One generator for the whole command (docs/design/engine.md: seeded once).
         self.decoder = session.decoder(method, drafter=drafter, policy=self.policy, generator=generator)
 
     def run(self, k: int | None = None, prompt_ids: list[int] | None = None,

@@ -1,4 +1,4 @@
-"""From timed runs to the numbers `specview bench` reports (docs/design.md "Metrics"): per-method mean/std
+"""From timed runs to the numbers `specview bench` reports (docs/design/metrics.md): per-method mean/std
 and tokens/s, acceptance, c, v, ideal / theoretical / measured speedup, efficiency, and for a sweep the
 K recommended by measurement and by prediction (E(K) from alpha)."""
 
@@ -43,7 +43,7 @@ def target_ms_per_token(ar_records: list[RunRecord]) -> float | None:
 
 
 def speculative_metrics(k: int, spec: list[RunRecord], ar: list[RunRecord]) -> dict:
-    """Everything docs/design.md defines for one K, from the speculative and autoregressive runs."""
+    """Everything docs/design/metrics.md defines for one K, from the speculative and autoregressive runs."""
     counts = pooled(spec)
     phase = counts.phases_ms.get
     costs = cost_model(counts, target_ms_per_token(ar))

@@ -55,7 +55,7 @@ def build_bench_parser() -> argparse.ArgumentParser:
         epilog="Bench differs from `run` in one default: --ignore-eos, so every method emits the same number of "
                "tokens. With --temperature 0 every target-distribution method must emit the same tokens, and the "
                "table checks it. `make bench` runs --peer hf --temperature 0 -N 48.\n"
-               "The metrics (c, v, ideal / theoretical speedup, efficiency) follow docs/design.md; see README.",
+               "The metrics (c, v, ideal / theoretical speedup, efficiency) follow docs/design/metrics.md; see README.",
     )
     add_run_options(p)
     allow_policy_list(p, "bench")

@@ -102,7 +102,7 @@ def methods_table(doc: dict) -> list[str]:
 
 
 def memory_row(doc: dict) -> list[str]:
-    """The process's peak RSS beside the weights it holds (one copy of each: design.md §15), where the file has it."""
+    """The process's peak RSS beside the weights it holds (one copy of each: docs/design/cpu-fast-path.md), where the file has it."""
     memory = doc.get("memory") or {}
     peak, weights = memory.get("peak_rss_mb"), memory.get("weights_total_mb")
     if peak is None or not weights:

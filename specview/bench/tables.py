@@ -129,7 +129,7 @@ def _same(same: dict | None, name: str) -> str:
 
 
 def drafters_table(doc: dict) -> Table:
-    """Every drafter at the main K, side by side (docs/design.md "Metrics" for each column)."""
+    """Every drafter at the main K, side by side (docs/design/metrics.md for each column)."""
     table = Table(title=f"drafters side by side at K={doc.get('k')}", title_justify="left",
                   caption="c = draft cost per drafted token / t_ar; theoretical = E / (K c + v); speedup measured "
                           "against autoregressive; efficiency = measured / theoretical", caption_justify="left")

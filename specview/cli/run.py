@@ -1,5 +1,5 @@
 """`specview run`: the engine headless. A coloured token stream, a summary, and optionally the JSONL
-event stream (docs/design.md) and a profile. With `--jsonl -`, stdout carries only JSON lines."""
+event stream (docs/design/events.md) and a profile. With `--jsonl -`, stdout carries only JSON lines."""
 
 from __future__ import annotations
 

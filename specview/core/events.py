@@ -1,6 +1,6 @@
 """What the engine reports: one StepResult per step, one RunSummary per run, and their JSON form.
 
-The JSON shapes are a contract (docs/design.md, "CLI contract"): other tools read them. Keep field
+The JSON shapes are a contract (docs/design/events.md): other tools read them. Keep field
 names and meanings; add fields only.
 """
 
@@ -42,7 +42,7 @@ class StepResult:
     stopped_by: str | None = None  # why drafting stopped: "budget", "p-min" or "no-proposal"
     budget: int | None = None  # tokens this step could draft: the policy's budget out of k, capped by N and the context
     cut_q: float | None = None  # p-min: the top probability of the draft distribution it refused (not drafted)
-    # A token tree's step (docs/design.md §18): {"tokens", "parents", "q", "p", "r", "path", "rejected"} over
+    # A token tree's step (docs/design/trees.md): {"tokens", "parents", "q", "p", "r", "path", "rejected"} over
     # every node; `drafted` .. `accepted` above keep their chain meaning along the accepted path. None: a chain.
     tree: dict | None = None
     # Which forward each model ran this step ({"target": "compiled" | "building" | "eager", "draft": ...}: building =

@@ -1,4 +1,4 @@
-"""The metrics, ONE home (docs/design.md "Metrics"): counters over steps, the rates they give, and the cost
+"""The metrics, ONE home (docs/design/metrics.md): counters over steps, the rates they give, and the cost
 model that turns them into speedups (c, v, E(K), ideal / theoretical / predicted speedup, break-even c).
 run, profiles, bench, eval and the TUI all read their figures from here. No torch, no textual.
 """
@@ -33,8 +33,8 @@ class AcceptanceFigures:
 
 @dataclass
 class Counts(AcceptanceFigures):
-    """Acceptance and timing counters over steps: the ONE definition of the metrics (docs/design.md,
-    "Metrics") for run, profiles, bench and the TUI. Rates are None (JSON null) over zero steps."""
+    """Acceptance and timing counters over steps: the ONE definition of the metrics (docs/design/metrics.md)
+    for run, profiles, bench and the TUI. Rates are None (JSON null) over zero steps."""
 
     steps: int = 0
     drafted: int = 0
@@ -165,7 +165,7 @@ class CostModel:
 @dataclass(frozen=True)
 class CostCurve:
     """The target's forward time by rows fed (a verify of K drafts feeds K + 1) and each drafter's time per
-    drafted token, measured on one machine by `specview calibrate` (docs/design.md "Cost curves").
+    drafted token, measured on one machine by `specview calibrate` (docs/design/whatif-and-calibrate.md "Cost curves").
 
     Fit, and why this shape: at batch size 1 a forward reads every weight once whatever the rows, so its
     time is a fixed part (bytes / bandwidth, plus the dispatch of its operators) and a part that grows with

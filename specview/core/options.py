@@ -1,5 +1,5 @@
 """The command line's shared pieces: a parser whose usage errors are one line, typed numbers with their
-rules, and the options every command takes (docs/design.md, "CLI contract"). No textual and no torch
+rules, and the options every command takes (docs/design/cli.md). No textual and no torch
 here (`specview --help` stays instant): bench and run import this, the TUI is reached only through cli.main."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The phases of a step: names only (no torch), for the timer, profiles, reports and the TUI."""
 
-# The phase names, ONE home (docs/design.md "Profiles"). The measured phases never overlap within a step;
+# The phase names, ONE home (docs/design/profiles.md). The measured phases never overlap within a step;
 # `other` is the rest of the step's wall time; the nested ones sit inside draft/verify and sample.
 MEASURED_PHASES = ("draft", "verify", "sample", "cache")
 PHASES = MEASURED_PHASES + ("other",)

@@ -1,4 +1,4 @@
-"""Prompt sets for `specview eval` (docs/design.md "Eval"): the builtin set, a Spec-Bench question.jsonl as
+"""Prompt sets for `specview eval` (docs/design/bench-and-eval.md "Eval"): the builtin set, a Spec-Bench question.jsonl as
 is, a JSONL of {"prompt", "category"}, or a text file with one prompt per line. No torch: every problem
 with a prompt file is one line (SpecviewError, exit 2) before any model loads.
 

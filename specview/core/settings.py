@@ -1,4 +1,4 @@
-"""The settings of a session, with their defaults: ONE home for both (docs/design.md "CLI contract"). The
+"""The settings of a session, with their defaults: ONE home for both (docs/design/cli.md). The
 command line's options take their defaults from here. No torch: `specview --help` stays instant.
 """
 

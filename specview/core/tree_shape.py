@@ -1,4 +1,4 @@
-"""The shape of a token tree as `--draft` spells it after `;tree:` (docs/design.md §18): drafters/tree.py drafts
+"""The shape of a token tree as `--draft` spells it after `;tree:` (docs/design/trees.md): drafters/tree.py drafts
 it, analysis/whatif.py replays it. No torch here, so a replay or a refused spec loads none."""
 
 from __future__ import annotations

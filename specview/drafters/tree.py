@@ -1,4 +1,4 @@
-"""Token-tree drafters (docs/design.md §18): several candidate continuations, verified in one forward.
+"""Token-tree drafters (docs/design/trees.md): several candidate continuations, verified in one forward.
 
     model;tree:b=2,d=4     every node up to depth d gets b children (a static shape: 2 + 4 + 8 + 16 nodes)
     model;tree:nodes=16    EAGLE-2's dynamic tree: each level expands the b best nodes so far by draft

@@ -1,4 +1,4 @@
-"""The accept rule and the walk that applies it to a step's drafts, a chain or a token tree (docs/design.md,
+"""The accept rule and the walk that applies it to a step's drafts, a chain or a token tree (docs/design/trees.md,
 "Verification"): which nodes were tried and accepted, and the law the step's extra token is drawn from.
 
 The walk runs twice over: on a device without a branch on a device value (walk_on_device), and on the CPU in
@@ -27,7 +27,7 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def sibling_target(residual: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """The law the next sibling of a rejected node is tested against: the running residual, not the
-    target's p (multi-draft recursive rejection sampling, docs/design.md §18; testing it against p is
+    target's p (multi-draft recursive rejection sampling, docs/design/trees.md; testing it against p is
     biased, and tests/engine/test_trees.py's power test patches this function to show that it is caught)."""
     return residual
 

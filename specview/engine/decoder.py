@@ -433,7 +433,7 @@ class Run:
             drafted=drafted,
             q=q,
             p=p,
-            # docs/design.md: r is null whenever a speculative run is greedy; an autoregressive step has r = []
+            # docs/design/events.md: r is null whenever a speculative run is greedy; an autoregressive step has r = []
             r=None if greedy and speculative else (r if drafted else []),
             accepted=n,
             rejected_at=n if rejected else None,

@@ -3,7 +3,7 @@ of a smaller, cast, quantized or layer-skipping model, each token sampled from q
 top-k / top-p processing the target's p gets). The other drafters live in specview/drafters/.
 
 What every drafter hands the engine. The engine's verify, accept test, residual and bonus are the same
-for every drafter (docs/design.md "Drafters"), so a drafter only proposes:
+for every drafter (docs/design/drafters.md), so a drafter only proposes:
 
     state = drafter.new_state()                    # per run: a KV cache, or None
     drafter.prefill(run, state, prompt[:-1])       # the first step of a run

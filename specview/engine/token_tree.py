@@ -1,4 +1,4 @@
-"""Token trees: the shape of a drafted tree and what a forward over it needs (docs/design.md §18).
+"""Token trees: the shape of a drafted tree and what a forward over it needs (docs/design/trees.md).
 
 A tree is a list of nodes in topological order (a parent comes before its children; siblings in the order
 they are tried), each node a token with `parents[j]` = the index of its parent node, -1 for a child of the

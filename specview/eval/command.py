@@ -1,7 +1,7 @@
 """`specview eval`: every prompt of a set through autoregressive decoding and each drafter, on models
 loaded once. The runs are bench's EngineMethod (the same decode loop as `run` and `bench`); this module
 only walks the prompts, keeps the results (written after every prompt, atomically, so a stop or a kill
-leaves a file --resume continues) and shows them. docs/design.md "Eval"."""
+leaves a file --resume continues) and shows them. docs/design/bench-and-eval.md "Eval"."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The eval document, `specview.eval/1` (docs/design.md "Eval"): its config, one result per (prompt,
+"""The eval document, `specview.eval/1` (docs/design/bench-and-eval.md "Eval"): its config, one result per (prompt,
 method), the summary, and --resume's check that a file was written with the same settings. No torch."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """An eval document's `summary`: the metrics per drafter, overall and per category, from its `results`
-(docs/design.md "Eval"). Every definition comes from specview/core/metrics.py, the one home shared with run,
+(docs/design/bench-and-eval.md "Eval"). Every definition comes from specview/core/metrics.py, the one home shared with run,
 bench and the TUI; this module only groups results and rebuilds their counters. No torch: `report`
 recomputes nothing, but tests and --resume rebuild summaries from the JSON alone."""
 

@@ -238,7 +238,7 @@ def head_importance(model: nn.Module, rows: int = CALIBRATION_ROWS, tokens: int 
     raises sum(min(p, q)), the chance a draft is accepted, from 0.886 to 0.923, and greedy agreement from 86.6% to
     91.9% (`@int4`, the GGUF's own head: 0.981 and 97.7%); 4 x 64 or 1 x 128 calibration tokens did no better.
     32 forwards of 4 rows, seconds on a CPU: once for a GGUF, whose codes are cached with the converted
-    model (docs/design.md §2); at every start for a hub model or a folder, and with --no-cache. The start token is
+    model (docs/design/models.md); at every start for a hub model or a folder, and with --no-cache. The start token is
     the BOS, else the EOS, else 0. The model is put in eval mode meanwhile (dropout would draw from the global RNG
     and change the text), then back in the mode it was in."""
     tokens = min(tokens, context or tokens)  # `context`: the model's positions (models.context_length), None = any

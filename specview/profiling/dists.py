@@ -1,5 +1,5 @@
 """`--record-dists`: the distributions along a run's emitted text, for `specview whatif` (analysis/whatif.py) to replay
-other K, draft policies and drafters without running the models again (docs/design.md "What-if replay").
+other K, draft policies and drafters without running the models again (docs/design/whatif-and-calibrate.md).
 
 After the run, one teacher-forced forward per model over prompt + generated tokens gives, at every emitted
 position t, the target's p(. | tokens before t) and each model drafter's q(. | tokens before t), both

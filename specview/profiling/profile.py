@@ -1,4 +1,4 @@
-"""The profile file (schema specview.profile/1, docs/design.md "Profiles"): its summary, computed from the
+"""The profile file (schema specview.profile/1, docs/design/profiles.md): its summary, computed from the
 step records, and what each phase contains."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def summarize(steps: list[dict], prefill_ms: float = 0.0, t_ar_ms: float | None 
 
 
 def tree_summary(steps: list[dict]) -> dict:
-    """{"tree": ...} when steps verified token trees (docs/design.md §18), else {}: nodes per verify, the
+    """{"tree": ...} when steps verified token trees (docs/design/trees.md), else {}: nodes per verify, the
     accepted path per step, and the verify forward's median ms by rows (nodes + 1) against a chain's rows."""
     trees = [s for s in steps if isinstance(s.get("tree"), dict)]
     if not trees:

@@ -12,7 +12,7 @@
     recorder.detach()                 # optional: removes the hooks
 
 Files, all with one stem `<stamp>-<target>-<draft>` chosen when the recorder is made (the stamp is unique
-to the millisecond in the folder): `.json` (schema specview.profile/1, docs/design.md "Profiles"),
+to the millisecond in the folder): `.json` (schema specview.profile/1, docs/design/profiles.md),
 `.trace.json` (Chrome Trace Event: Perfetto, chrome://tracing), `.speedscope.json` (speedscope), and
 with the options `.ops.trace.json` (torch.profiler) and `.py-spy.speedscope.json`. Every write is atomic
 (temp file, then rename). save() may be called again (the TUI's `e`, then quit): it rewrites the same

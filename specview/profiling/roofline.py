@@ -1,4 +1,4 @@
-"""The memory-bandwidth roofline of a decoding forward (docs/design.md "Roofline and diagnosis").
+"""The memory-bandwidth roofline of a decoding forward (docs/design/diagnosis-and-check.md).
 
 A forward at batch size 1 multiplies a few rows by every weight matrix, so it cannot take less time than
 reading those weights (and the KV cache) once from memory: floor_ms = bytes / bandwidth. How far a forward

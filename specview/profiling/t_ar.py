@@ -1,5 +1,5 @@
 """t_ar, the target's time per token: one-token target forwards after the prompt, prefill excluded
-(docs/design.md "Metrics"). The TUI, serve and a speculative profile time it right after loading."""
+(docs/design/metrics.md). The TUI, serve and a speculative profile time it right after loading."""
 
 from __future__ import annotations
 

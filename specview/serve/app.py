@@ -1,4 +1,4 @@
-"""The ASGI app of `specview serve` (Starlette; streams by sse-starlette). docs/design.md, "Serve":
+"""The ASGI app of `specview serve` (Starlette; streams by sse-starlette). docs/design/serve.md:
 
     POST /generate   {prompt, max_new_tokens?, k?, temperature?, top_k?, top_p?, seed?, method?, draft?,
                       chat?, ignore_eos?, stream?} -> {text, generated_ids, summary, request}

@@ -1,4 +1,4 @@
-"""`specview serve` answers before its models have loaded (docs/design.md, "Serve and attach").
+"""`specview serve` answers before its models have loaded (docs/design/serve.md).
 
 The socket listens and /health answers at once, while a thread loads the session: the models, t_ar and the engine
 worker (its tokenizer copy, its profile recorder). Meanwhile /health says `"status": "loading"` and what the load

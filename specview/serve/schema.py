@@ -1,4 +1,4 @@
-"""What a request may say, checked before it reaches the engine (docs/design.md, "Serve"). A request can
+"""What a request may say, checked before it reaches the engine (docs/design/serve.md). A request can
 name none of a model, a file path or a device: only sampling settings, K, N up to the server's cap, and
 one of the drafters the server loaded. Unknown fields are refused, so a typo is not silently ignored."""
 

@@ -1,5 +1,5 @@
 """The one engine thread of `specview serve`: requests run one after another, in arrival order, from a
-bounded queue, on the session loaded at start (docs/design.md, "Serve").
+bounded queue, on the session loaded at start (docs/design/serve.md).
 
 Each request is a Job. The engine thread sends its records (start, one per step, end; or one error) to
 the job's asyncio queue and to the /events hub in ONE call_soon_threadsafe callback: the hub numbers

@@ -1,5 +1,5 @@
 """Does watching change what is measured? The TUI against a headless `specview run`, same settings, in one
-sitting (docs/design.md, "Engine stream"):
+sitting (docs/design/tui.md, "The engine stream"):
 
     python -m specview.tui.fidelity [--rounds 3] [--terminal both|pilot|tmux] [run options, e.g. --threads 1]
                                                                                           (make fidelity)

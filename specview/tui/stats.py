@@ -1,4 +1,4 @@
-"""Live metrics of the run on screen, from the StepResults seen so far (docs/design.md, "Metrics").
+"""Live metrics of the run on screen, from the StepResults seen so far (docs/design/metrics.md).
 
 Pure Python, no textual: the widgets only format what this computes.
 """

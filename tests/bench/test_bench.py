@@ -108,7 +108,7 @@ def test_bench_end_to_end_with_peers_and_sweep(capsys, models, tmp_path):
     code, out, err = run_cli(capsys, "report", str(files[0]))
     assert code == 0, err
     assert "hf_assisted" in out
-    # docs/design.md: bench also writes a profile (+ Chrome trace) of its timed speculative runs, same stem
+    # docs/design/profiles.md: bench also writes a profile (+ Chrome trace) of its timed speculative runs, same stem
     stem = str(files[0]).removesuffix(".bench.json")
     profile = json.loads(open(stem + ".json").read())
     assert profile["schema"] == "specview.profile/1" and profile["summary"]["steps"] > 0

@@ -1,6 +1,6 @@
 """The engine under a device's rules, on the CPU (tests/support/device_rules.py; issue 43): the device walk forced
 on, no float64 anywhere in a step (MPS has none), and the device->host syncs per step counted against what
-docs/design.md §8 states. No GPU or Mac ran these: they run the device's code path on the CPU."""
+docs/design/engine.md states. No GPU or Mac ran these: they run the device's code path on the CPU."""
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ from specview.engine.sampling import race, sample
 PROMPT = [1, 4, 7, 4, 7, 3, 4, 7]  # repeats: n-gram lookup finds a match
 SAMPLED, GREEDY = SamplingConfig(temperature=1.0), SamplingConfig(temperature=0)
 K, DEPTH = 3, 3
-# docs/design.md §8: the syncs a step makes on a device, timing off. A chain's step: the decision's one transfer.
+# docs/design/engine.md, "Device syncs": the syncs a step makes on a device, timing off. A chain's step: the decision's one transfer.
 # A model tree drafter also reads its draft's probabilities once per level (the tree's shape depends on them).
 CHAIN_SYNCS = 1
 SPECS = ["draft", "ngram", "self:skip=1", "draft;tree:b=2,d=3", "draft;tree:nodes=5,b=2,d=3",

@@ -1,4 +1,4 @@
-"""Token trees (docs/design.md §18): one forward over the flattened tree gives each node the logits of its own
+"""Token trees (docs/design/trees.md): one forward over the flattened tree gives each node the logits of its own
 path (transformers' 4-D mask on GPT-2 and Llama, and fastdecode's forward); the cache keeps the accepted
 path only; greedy tree decoding equals greedy autoregressive decoding; sampled trees keep the target's exact
 law (test_lossless.py's enumeration test), and trying siblings against the unmodified p is caught."""

@@ -1,4 +1,4 @@
-"""The TUI's live metrics follow docs/design.md "Metrics" (hand-computed on three steps)."""
+"""The TUI's live metrics follow docs/design/metrics.md (hand-computed on three steps)."""
 
 import pytest
 

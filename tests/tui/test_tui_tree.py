@@ -1,4 +1,4 @@
-"""The block view draws a token tree (docs/design.md §18): an SVG snapshot at 80x24 of a step whose path
+"""The block view draws a token tree (docs/design/trees.md): an SVG snapshot at 80x24 of a step whose path
 took a second sibling, from steps recorded on the bundled model with a tree drafter
 (tests/data/tui_tree_recording.json: `specview.tui.replay.record(EngineBackend(Settings(
 draft="self:skip=6-23;tree:b=2,d=3", max_new_tokens=48, temperature=1.0, seed=3, threads=1)), 30)`)."""

@@ -1,6 +1,6 @@
 """The modelled time of a forward's norms (FastForward.norm_ms): the engine's own forward calls no norm module and a
 compiled one fuses the norms into the kernels around them, where no clock sees them, so each norm is run apart, eagerly,
-on its own weights at the forward's row count (docs/design.md §8, `meta.phase_sources`)."""
+on its own weights at the forward's row count (docs/design/profiles.md, `meta.phase_sources`)."""
 
 from __future__ import annotations
 

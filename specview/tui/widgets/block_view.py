@@ -27,7 +27,7 @@ STOP_WORDS = {"budget": "budget", "p-min": "p-min", "no-proposal": "no match"}
 
 
 def stop_reason(s) -> str | None:
-    """Why a speculative step drafted fewer than K (docs/design.md §16), in words; None when it drafted all
+    """Why a speculative step drafted fewer than K (docs/design/drafters.md), in words; None when it drafted all
     K, or the record predates policies. Positions past that point were not drafted: not rejected."""
     n = len(s.drafted)
     if s.stopped_by is None or n >= s.k or (s.stop_reason == "eos" and s.rejected_at is None and s.bonus is None):

@@ -1,4 +1,4 @@
-"""A token tree's step drawn as a tree (docs/design.md §18): one node per line under box-drawing branches,
+"""A token tree's step drawn as a tree (docs/design/trees.md): one node per line under box-drawing branches,
 each with its token, q(x), p(x) and verdict; the accepted path bright, the rejected siblings red, the nodes
 never tried dim, and the resampled or bonus token where the path ends. The branches off the path are
 folded into a count, and the lines past what fits into one "… N more" line."""

@@ -1,4 +1,4 @@
-"""`w`: the current run replayed at other K and draft policies, for every drafter (docs/design.md §17): tokens
+"""`w`: the current run replayed at other K and draft policies, for every drafter (docs/design/whatif-and-calibrate.md): tokens
 per step, acceptance, predicted speedup and where each step's time is lost. The figures come from the
 backend (analysis/whatif.py's `specview.whatif/1`), so the screen only lays them out."""
 
