@@ -83,7 +83,7 @@ bench-llamacpp: install $(LLAMACPP_STAMP)
 # `specview bench --target gpt2-xl --draft gpt2`.
 GPT2_SHAPES := build/gpt2-shapes
 bench-gpt2: install
-	$(PY) -m specview.bench.random_pair $(GPT2_SHAPES)
+	$(PY) -m specview.tools.random_pair $(GPT2_SHAPES)
 	.venv/bin/specview bench --target $(GPT2_SHAPES)/gpt2-xl --draft $(GPT2_SHAPES)/gpt2 --temperature 0 -N 32 \
 		--prompt "w1 w2 w3 w4 w5 w6 w7 w8" $(ARGS)
 
@@ -116,11 +116,11 @@ eval: install
 # The TUI's timings against a headless run of the same settings (issue: measure without disturbing): the TUI under
 # Pilot and in a real terminal (a tmux pane of 120x40; Pilot only without tmux), three sittings; ARGS=--terminal tmux.
 fidelity: install
-	$(PY) -m specview.tui.fidelity --rounds 3 --threads 1 $(ARGS)
+	$(PY) -m specview.tools.tui_fidelity --rounds 3 --threads 1 $(ARGS)
 
-# docs/benchmarks.md and README's table from docs/results/*.json (add one: python -m specview.bench.results add --help).
+# docs/benchmarks.md and README's table from docs/results/*.json (add one: python -m specview.tools.results add --help).
 results: install
-	$(PY) -m specview.bench.results
+	$(PY) -m specview.tools.results
 
 # Every command on --device cuda (or mps), PASS/FAIL per step, in a venv of its own with a CUDA torch (docs/guide/gpu.md).
 # Where no GPU is present: one line, exit 2.

@@ -107,7 +107,8 @@ def int4_agrees(device) -> None:
 
 def stream(device: str) -> None:
     settings = {"device": device, "draft": DRAFT, "max_new_tokens": 16, "ignore_eos": True, "compile": COMPILE[device]}
-    child = subprocess.Popen([sys.executable, "-m", "specview.backend.engine_stream", json.dumps(settings)],
+    child = subprocess.Popen([sys.executable, "-c", "import sys; from specview.backend.engine_stream import main; sys.exit(main(sys.argv[1:]))",
+                              json.dumps(settings)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     commands = [{"cmd": "load"}] + [{"cmd": "step", "k": 4}] * 3 + [{"cmd": "quit"}]
     out, _ = child.communicate("\n".join(json.dumps(c) for c in commands) + "\n", timeout=240)

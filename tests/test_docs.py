@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specview.bench import results
+from specview.tools import results
 
 ROOT = Path(__file__).resolve().parents[1]
 README_LIMIT = 15_000  # bytes: the issue's bar (anchor projects' READMEs are 1-9 KB)
@@ -128,7 +128,7 @@ def test_results_render_from_a_bench_file_alone(tmp_path):
 
 
 def test_check_mode_finds_a_stale_page(tmp_path):
-    """`python -m specview.bench.results --check` fails on a tree whose page does not match its results."""
+    """`python -m specview.tools.results --check` fails on a tree whose page does not match its results."""
     (tmp_path / "docs" / "results").mkdir(parents=True)
     for src in (ROOT / "docs" / "results").glob("*.json"):
         (tmp_path / "docs" / "results" / src.name).write_text(src.read_text(encoding="utf-8"), encoding="utf-8")

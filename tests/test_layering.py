@@ -6,7 +6,7 @@ import sys
 HEADLESS = ["specview.engine.decoder", "specview.engine.sampling", "specview.models.loader", "specview.core.events", "specview.session",
             "specview.cli.run", "specview.cli.main", "specview.profiling.recorder", "specview.cli.report", "specview.bench.command",
             "specview.analysis.check", "specview.analysis.diagnosis", "specview.backend.engine_stream", "specview.backend.in_process",
-            "specview.serve.command", "specview.serve.measure", "specview.core.file_schemas"]
+            "specview.serve.command", "specview.tools.measure_serve", "specview.core.file_schemas"]
 
 
 def test_headless_modules_do_not_import_textual():
@@ -39,3 +39,14 @@ def test_help_loads_no_torch():
             "print(sorted(m for m in ('torch', 'transformers', 'textual') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_no_product_module_runs_as_a_script():
+    """Measurement tools live in specview/tools/ (nothing imports them); a product module is imported, never run with
+    `python -m` (the TUI's engine child calls engine_stream.main)."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "specview"
+    scripts = [str(p.relative_to(root)) for p in root.rglob("*.py")
+               if 'if __name__ == "__main__"' in p.read_text() and p.parent.name != "tools"]
+    assert scripts == [], scripts

@@ -119,7 +119,3 @@ def main(argv: list[str] | None = None) -> int:
     # bytes that are not UTF-8 become U+FFFD: one error record for that line, not a UnicodeDecodeError that ends us
     commands = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
     return Service(settings, out).serve(commands)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

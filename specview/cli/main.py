@@ -49,7 +49,3 @@ def entry() -> None:
     thread, under a profiler or tracer (`python -m cProfile -o`, `-m trace`: they write their results after the
     program returns) or with `python -i`, or when main raises, the ordinary exit runs."""
     exit_now(main())
-
-
-if __name__ == "__main__":
-    entry()

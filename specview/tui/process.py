@@ -27,6 +27,9 @@ def _field(record: dict, name: str, kind):
         raise SpecviewError(f"a malformed {record.get('type')} record: {name} is {quoted(json.dumps(value))}")
     return value
 
+# The engine stream's entry (backend/engine_stream.py main): a product module, not a script run with -m.
+CHILD = "import sys; from specview.backend.engine_stream import main; sys.exit(main(sys.argv[1:]))"
+
 
 class ProcessBackend(RemoteBackend):
     def __init__(self, settings):
@@ -42,7 +45,7 @@ class ProcessBackend(RemoteBackend):
     def _start(self) -> None:
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "specview.backend.engine_stream", json.dumps(asdict(self.settings))],
+            [sys.executable, "-c", CHILD, json.dumps(asdict(self.settings))],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
             start_new_session=True,  # the terminal's signals go to the TUI, which tells the child what to do
         )

@@ -2,8 +2,8 @@
 
 import torch
 
-from specview.bench.pair import build_pair, byte_tokenizer, extend, greedy_agreement, make_draft, set_noise
 from specview.models.loader import load_pair
+from specview.tools.pair import build_pair, byte_tokenizer, extend, greedy_agreement, make_draft, set_noise
 
 
 def test_byte_tokenizer_round_trips_any_text():

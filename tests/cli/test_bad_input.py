@@ -33,7 +33,7 @@ def test_truncated_safetensors_is_one_line_naming_the_file(capsys, truncated_mod
 def test_truncated_safetensors_subprocess(truncated_model):
     folder, weights = truncated_model
     os.truncate(weights, os.path.getsize(weights) // 2)
-    proc = subprocess.run([sys.executable, "-m", "specview.cli.main", "run", "--target", folder, "--draft", folder,
+    proc = subprocess.run([sys.executable, "-m", "specview", "run", "--target", folder, "--draft", folder,
                            "-N", "2"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 2

@@ -141,7 +141,7 @@ def test_real_signal_mid_run_still_ends_cleanly(tiny_dir, tmp_path, sig):
     path = tiny.save(tiny.make_model("gpt2", 16, 0, n_positions=8192), tiny.make_tokenizer(16), tiny_dir / "long")
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specview.cli.main", "run", "--target", path, "--draft", path, "-N", "8000",
+        [sys.executable, "-m", "specview", "run", "--target", path, "--draft", path, "-N", "8000",
          "--ignore-eos", "--jsonl", "-", "--quiet", "--profile-dir", str(tmp_path / "prof")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         # the worst case, always: a background job of a non-interactive shell starts with SIGINT ignored
@@ -242,10 +242,10 @@ def test_the_console_script_exits_fast_yet_runs_exit_handlers_and_waits_for_thre
 
 
 def test_a_profiler_around_the_command_still_gets_to_write_its_results(tmp_path):
-    """`python -m cProfile -o FILE -m specview.cli.main ...` writes FILE after the program returns: under a profiler
+    """`python -m cProfile -o FILE -m specview ...` writes FILE after the program returns: under a profiler
     the console script's quick exit gives way to the ordinary one."""
     out = tmp_path / "cli.prof"
-    proc = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), "-m", "specview.cli.main", "report",
+    proc = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), "-m", "specview", "report",
                            "no-such-file.json"], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, HF_HUB_OFFLINE="1"))
     assert "no-such-file.json" in proc.stderr  # (cProfile swallows the SystemExit: its own exit code is 0)

@@ -304,7 +304,7 @@ def test_a_real_sigint_stops_after_the_current_prompt_then_resumes(gpt2_paths, t
     argv = ["eval", "--target", gpt2_paths[0], "--draft", f"{gpt2_paths[1]},ngram", "--prompts", str(prompts),
             "-N", "10", "-K", "3", "--ignore-eos", "--no-plots", "--json", str(out)]
     with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "specview.cli.main", *argv], stdout=stdout, stderr=stderr,
+        proc = subprocess.Popen([sys.executable, "-m", "specview", *argv], stdout=stdout, stderr=stderr,
                                 env=dict(os.environ, HF_HUB_OFFLINE="1"), start_new_session=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         try:

@@ -15,7 +15,7 @@ ENV = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHO
 
 
 def specview(*argv, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specview.cli.main", *argv], capture_output=True, env=ENV, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "specview", *argv], capture_output=True, env=ENV, cwd=cwd,
                           timeout=180)
 
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from specview.backend.engine_stream import COMMANDS, Service
 from specview.core.errors import SpecviewError
 from specview.core.settings import Settings
-from specview.tui.process import ProcessBackend, step_view
+from specview.tui.process import CHILD, ProcessBackend, step_view
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_a_real_engine_process_survives_garbage_bytes_and_quits_cleanly(settings
     garbage = [b"\xff\xfe\x80 not utf-8\n", b"[1]\n", b'{"cmd": "step", "k": 1e309}\n', b"\x00\n", b"{\n",
                b'{"cmd": "load"}\n', b'{"cmd": "step", "k": "2"}\n', b'{"cmd": "step", "k": 2}\n',
                b'{"cmd": "quit"}\n']
-    proc = subprocess.run([sys.executable, "-m", "specview.backend.engine_stream", json.dumps(asdict(settings))],
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(asdict(settings))],
                           input=b"".join(garbage), capture_output=True, timeout=120)
     assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr.decode()[-500:]
     records = [json.loads(x) for x in proc.stdout.decode().splitlines()]

@@ -138,7 +138,7 @@ def test_bad_file_messages_say_what_is_wrong(capsys, tmp_path):
 def test_report_subprocess_exit_code(tmp_path):
     bin_dir = os.path.dirname(sys.executable)
     exe = os.path.join(bin_dir, "specview")
-    cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "specview.cli.main"]
+    cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "specview"]
     proc = subprocess.run([*cmd, "report", str(tmp_path / "nope.json")], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "nope.json" in proc.stderr and not proc.stdout

@@ -24,7 +24,7 @@ from specview.serve.client import iter_sse
 def test_a_signal_mid_request_finishes_the_step_answers_the_queue_and_saves(tiny_dir, tmp_path, sig):
     path = tiny.save(tiny.make_model("gpt2", 16, 0, n_positions=8192), tiny.make_tokenizer(16), tiny_dir / "serve-long")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specview.cli.main", "serve", "--target", path, "--draft", path, "--port", "0",
+        [sys.executable, "-m", "specview", "serve", "--target", path, "--draft", path, "--port", "0",
          "--threads", "1", "--profile-dir", str(tmp_path / "prof"), "--max-new-tokens-cap", "8000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"),
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as a background job: must not matter

@@ -1,7 +1,7 @@
 """make fidelity's verdict on its own host: how far the headless runs moved between rounds, and a warning when
 that is more than the bar the TUI's ratios are judged by. (No timing here: the rounds are made up.)"""
 
-from specview.tui.fidelity import bracket, noise_note
+from specview.tools.tui_fidelity import bracket, noise_note
 
 
 def runs(*verify_and_draft):

@@ -2,7 +2,7 @@
 gpt2`) where no model hub is reachable. A forward's time and memory depend on the shapes, not on the values, so
 these time as the real ones do; their text is noise and their acceptance is not the real pair's.
 
-    python -m specview.bench.random_pair DIR        # DIR/gpt2-xl and DIR/gpt2 (about 6.7 GB in float32)
+    python -m specview.tools.random_pair DIR        # DIR/gpt2-xl and DIR/gpt2 (about 6.7 GB in float32)
     specview bench --target DIR/gpt2-xl --draft DIR/gpt2
 
 Both share one word-level tokenizer of GPT-2's vocabulary size (50257), so the pair passes the shared-vocabulary
@@ -47,7 +47,7 @@ def build(folder: str, name: str, seed: int = 0) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specview.bench.random_pair", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m specview.tools.random_pair", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", help="where to write gpt2-xl/ and gpt2/ (kept when already there)")
     parser.add_argument("--only", choices=sorted(SHAPES), help="build one of the two")

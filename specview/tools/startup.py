@@ -1,7 +1,7 @@
 """How long `specview run -N 1 --threads 1 --quiet` takes from launch to the first possible step.
 
-    HF_HUB_OFFLINE=1 python -m specview.bench.startup            # cold (empty cache), then warm x3, --no-cache x1
-    python -m specview.bench.startup --warm 5 --no-baseline
+    HF_HUB_OFFLINE=1 python -m specview.tools.startup            # cold (empty cache), then warm x3, --no-cache x1
+    python -m specview.tools.startup --warm 5 --no-baseline
 
 Each run is a fresh process on the bundled pair with SPECVIEW_CACHE_DIR pointed at a temp folder
 (cold = the first run on it). The child runs the real `specview run` (run.run_command), with timing wrappers

@@ -1,7 +1,7 @@
 """Does watching change what is measured? The TUI against a headless `specview run`, same settings, in one
 sitting (docs/design/tui.md, "The engine stream"):
 
-    python -m specview.tui.fidelity [--rounds 3] [--terminal both|pilot|tmux] [run options, e.g. --threads 1]
+    python -m specview.tools.tui_fidelity [--rounds 3] [--terminal both|pilot|tmux] [run options, e.g. --threads 1]
                                                                                           (make fidelity)
 
 A sitting starts with `specview run --profile`; each round then runs the TUI through Pilot (headless: it
@@ -152,7 +152,7 @@ def terminal(run_args: list[str], folder: str) -> dict:
 def replayed(recording: str, pace: float) -> float | None:
     """The TUI's own CPU per step in tmux over a recorded run (tui/replay.py) replayed at `pace` seconds a
     step, no engine: what drawing costs when every step is drawn (steps of 0.25 s or more)."""
-    app = Tmux([sys.executable, "-m", "specview.tui.fidelity", "--play", recording, "--pace", str(pace)])
+    app = Tmux([sys.executable, "-m", "specview.tools.tui_fidelity", "--play", recording, "--pace", str(pace)])
     try:
         app.wait_for("paused")
         app.press("r")
@@ -192,7 +192,7 @@ def cpu_flags() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specview.tui.fidelity", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specview.tools.tui_fidelity", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3, help="headless + TUI sets (default 3)")
     p.add_argument("--terminal", choices=("both", "pilot", "tmux"), default="both",
                    help="how the TUI runs: under Pilot (no screen), in a tmux pane (a real terminal), or both "

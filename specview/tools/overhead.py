@@ -6,7 +6,7 @@
    hooks (`--profile`), in interleaved rounds (A B C C B A ...) so machine drift hits all three; the
    best round of each is the least disturbed by other processes, the median is shown beside it.
 
-    python -m specview.bench.overhead [-N 48] [-K 4] [--rounds 6] [--threads T] [--target ..] [--draft ..]
+    python -m specview.tools.overhead [-N 48] [-K 4] [--rounds 6] [--threads T] [--target ..] [--draft ..]
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def measure(session, n: int, rounds: int) -> dict[str, list[float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specview.bench.overhead", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m specview.tools.overhead", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=Settings.target)
     p.add_argument("--draft", default=Settings.draft)

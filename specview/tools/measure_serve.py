@@ -1,21 +1,21 @@
 """Figures for `specview serve` (not pass/fail tests): throughput and latency under load, and what serving
 adds to each step compared with `specview run`.
 
-    python -m specview.serve.measure load URL [--requests 200 --clients 16 -N 8]
+    python -m specview.tools.measure_serve load URL [--requests 200 --clients 16 -N 8]
         200 greedy requests from 16 concurrent clients -> requests/s, p50/p99 latency, and a check that
         the server's /metrics counters moved by exactly the summaries' totals.
-    python -m specview.serve.measure overhead [--rounds 3 -N 64 RUN OPTIONS...]
+    python -m specview.tools.measure_serve overhead [--rounds 3 -N 64 RUN OPTIONS...]
         In rounds, alternately: `specview run --jsonl -` and one streamed request to a `specview serve`
         of the same options (both subprocesses, same threads). Per step: the engine's own wall_ms, and
         the cycle a client sees (the time between two consecutive step records arriving). The serve
         overhead is the difference of the median cycles.
-    python -m specview.serve.measure bookkeeping [-N 256 RUN OPTIONS...]
+    python -m specview.tools.measure_serve bookkeeping [-N 256 RUN OPTIONS...]
         In one process, what the server's engine thread does per step besides run.step() (profile record,
         metrics, token texts, the record and its JSON), timed against the step itself.
-    python -m specview.serve.measure soak [--requests 5000 --every 500 -N 16 SERVE OPTIONS...]
+    python -m specview.tools.measure_serve soak [--requests 5000 --every 500 -N 16 SERVE OPTIONS...]
         A server that runs for days: one `specview serve` (a subprocess) answers REQUESTS requests one after
         another; its RSS (psutil) is read every EVERY requests, with the steps it has run so far (/metrics).
-        On tiny models (e.g. the pair `python -m specview.bench.soak --keep DIR` builds) it takes minutes.
+        On tiny models (e.g. the pair `python -m specview.tools.soak --keep DIR` builds) it takes minutes.
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ def bookkeeping(options: list[str], n: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    p = argparse.ArgumentParser(prog="python -m specview.serve.measure")
+    p = argparse.ArgumentParser(prog="python -m specview.tools.measure_serve")
     sub = p.add_subparsers(dest="what", required=True)
     lp = sub.add_parser("load")
     lp.add_argument("url")

@@ -1,9 +1,9 @@
 """Figures as data: docs/results/<name>.json (one per machine, distilled from a `specview bench --json` file) and
 docs/benchmarks.md, written from them. No torch: it reads and writes JSON and Markdown only.
 
-    python -m specview.bench.results add BENCH.json --name NAME   # a bench file -> docs/results/NAME.json
-    python -m specview.bench.results                              # docs/benchmarks.md and README's table (make results)
-    python -m specview.bench.results --check                      # exit 1 when either is not what the files give
+    python -m specview.tools.results add BENCH.json --name NAME   # a bench file -> docs/results/NAME.json
+    python -m specview.tools.results                              # docs/benchmarks.md and README's table (make results)
+    python -m specview.tools.results --check                      # exit 1 when either is not what the files give
 
 A figure is typed nowhere else: the README's headline table is written here too (between its two markers), from
 the result file marked "headline" (else the first by name). Rendering is a pure function of the files, so
@@ -134,14 +134,14 @@ def section(doc: dict) -> list[str]:
 
 def benchmarks_md(docs: list[dict]) -> str:
     out = ["# Benchmarks", "",
-           "<!-- Written by `make results` (python -m specview.bench.results) from docs/results/*.json: edit those,"
+           "<!-- Written by `make results` (python -m specview.tools.results) from docs/results/*.json: edit those,"
            " not this file. -->", "",
            "Each section is one machine: one `specview bench --json` run, distilled into `docs/results/<name>.json`.",
            "The figures mean what [concepts.md](concepts.md#metrics) says; bench's method is in",
            "[guide/bench.md](guide/bench.md). To add a machine:", "",
            "```bash",
            "specview bench --threads 1 -N 48 --temperature 0 --json bench.json",
-           "python -m specview.bench.results add bench.json --name <cpu-and-size>   # writes docs/results/<name>.json",
+           "python -m specview.tools.results add bench.json --name <cpu-and-size>   # writes docs/results/<name>.json",
            "make results                                                          # this file and README's table",
            "```", "",
            "Timings on a machine shared with other work move between runs; compare methods within one run (bench",
@@ -181,7 +181,7 @@ def outputs(root: Path) -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specview.bench.results", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m specview.tools.results", description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout (default: the one this file is in)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is out of date")
     sub = parser.add_subparsers(dest="cmd")

@@ -1,7 +1,7 @@
 """Soak benchmark (not a pass/fail test): does RSS stay flat over a long `specview run`?
 
-    HF_HUB_OFFLINE=1 python -m specview.bench.soak                  # 20,000 tokens, speculative, sampling
-    python -m specview.bench.soak --tokens 5000 --profile           # also keep a profile (the recorder's records)
+    HF_HUB_OFFLINE=1 python -m specview.tools.soak                  # 20,000 tokens, speculative, sampling
+    python -m specview.tools.soak --tokens 5000 --profile           # also keep a profile (the recorder's records)
 
 Builds a tiny random Llama pair with a long context (max_position_embeddings 32768) in a temp folder
 (the draft is the target plus noise, so drafts are accepted some of the time but not always), then

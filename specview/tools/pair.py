@@ -7,7 +7,7 @@ projections then moves the target away from the draft until greedy agreement (al
 asked for. Both share a byte-level tokenizer (259 tokens), so the output layer is tiny and the cost
 is in the layers: 1 layer vs 12 gives a cost ratio c near 0.1.
 
-    python -m specview.bench.pair /tmp/pair --alpha 0.8        # writes /tmp/pair/target, /tmp/pair/draft
+    python -m specview.tools.pair /tmp/pair --alpha 0.8        # writes /tmp/pair/target, /tmp/pair/draft
     specview bench --target /tmp/pair/target --draft /tmp/pair/draft --sweep-k 1,2,3,4,6,8
 """
 
@@ -141,7 +141,7 @@ def build_pair(out_dir: str, layers: int = 12, draft_layers: int = 1, hidden: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specview.bench.pair", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specview.tools.pair", description=__doc__.split("\n\n")[0])
     p.add_argument("out_dir", help="folder to write draft/ and target/ into")
     p.add_argument("--layers", type=int, default=12, help="target layers (default 12)")
     p.add_argument("--draft-layers", type=int, default=1, help="draft layers (default 1)")
