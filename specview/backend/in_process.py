@@ -26,7 +26,7 @@ class EngineBackend(Backend):
 
     def load(self, on_progress):
         from specview.profiling.recorder import ProfileRecorder
-        from specview.profiling.t_ar import time_target_token
+        from specview.profiling.target_token_time import time_target_token
         from specview.session import open_session
 
         t0 = time.perf_counter()

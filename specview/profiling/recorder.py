@@ -110,7 +110,7 @@ class ProfileRecorder:
         The first call also times t_ar for a speculative profile (its c and v need it; before the hooks,
         like an autoregressive forward) and starts the op capture and py-spy. Attaching more decoders is fine."""
         if self.method == "speculative" and self.meta.get("t_ar_ms") is None and not self._started:
-            from specview.profiling.t_ar import time_target_token
+            from specview.profiling.target_token_time import time_target_token
 
             self.meta["t_ar_ms"] = time_target_token(decoder, self.session.prompt_ids)
         decoder.timer = self.timer

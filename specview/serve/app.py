@@ -37,7 +37,7 @@ from starlette.routing import Route
 
 from specview.core.prompt_text import ascii_int
 from specview.core.stopping import Stop
-from specview.serve.hub import EventHub
+from specview.serve.event_fanout import EventFanout
 from specview.serve.loading import Readiness
 from specview.serve.metrics import CONTENT_TYPE, ServeMetrics
 from specview.serve.openapi import openapi_document
@@ -115,7 +115,7 @@ async def unless_client_leaves(request: Request, job: Job, work):
     raise ClientGone
 
 
-def create_app(state: Readiness, hub: EventHub, metrics: ServeMetrics, stop: Stop, *, cap: int,
+def create_app(state: Readiness, fanout: EventFanout, metrics: ServeMetrics, stop: Stop, *, cap: int,
                token: str | None = None, max_body: int = 65536) -> Starlette:
 
     def check_token(request: Request) -> None:
@@ -199,14 +199,14 @@ def create_app(state: Readiness, hub: EventHub, metrics: ServeMetrics, stop: Sto
 
     async def events(request: Request) -> Response:
         check_token(request)
-        watcher = hub.subscribe(last_event_id(request.headers.get("last-event-id", "")))
+        watcher = fanout.subscribe(last_event_id(request.headers.get("last-event-id", "")))
 
         async def records():
             try:
                 while (item := await watcher.get()) is not None:
                     yield {"id": str(item[0]), "data": json.dumps(item[1], allow_nan=False)}
             finally:
-                hub.unsubscribe(watcher)
+                fanout.unsubscribe(watcher)
 
         return EventSourceResponse(records(), ping=PING_S)
 

@@ -27,7 +27,7 @@ from specview.core.settings import Settings
 from specview.core.stopping import SIGNALS, Stop
 from specview.serve import loading
 from specview.serve.app import create_app
-from specview.serve.hub import EventHub
+from specview.serve.event_fanout import EventFanout
 from specview.serve.loading import Readiness, server_info
 from specview.serve.metrics import ServeMetrics
 from specview.serve.options import PROFILE_MAX_STEPS
@@ -54,9 +54,9 @@ class Served:
                                    profile_max_steps=profile_max_steps)
         self.stop = stop or Stop()
         self.metrics = ServeMetrics()
-        self.hub = EventHub()
+        self.fanout = EventFanout()
         self.state = Readiness(server_info(settings, cap))
-        self.app = create_app(self.state, self.hub, self.metrics, self.stop, cap=cap, token=token, max_body=max_body)
+        self.app = create_app(self.state, self.fanout, self.metrics, self.stop, cap=cap, token=token, max_body=max_body)
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=GRACE_S)
         self.server = _Server(config)
@@ -95,7 +95,7 @@ class Served:
                 await engine
         elif self.state.status == "error":  # stay up to say so on /health, until a stop
             await asyncio.wait({server, self.stopped}, return_when=asyncio.FIRST_COMPLETED)
-        self.hub.close()  # the /events streams end; the requests' streams have ended with their runs
+        self.fanout.close()  # the /events streams end; the requests' streams have ended with their runs
         self.server.should_exit = True
         await server
 
@@ -106,7 +106,7 @@ class Served:
 
         try:
             session, t_ar_ms = (self.load or loading.load_session)(self.settings, self._progress)
-            worker = EngineWorker(session, self.metrics, self.hub, stop=self.stop, **self.worker_options)
+            worker = EngineWorker(session, self.metrics, self.fanout, stop=self.stop, **self.worker_options)
             if t_ar_ms is not None:  # the profile's c and v use it
                 worker.recorder.meta["t_ar_ms"] = t_ar_ms
             info = server_info(self.settings, worker.cap, session, t_ar_ms, worker.recorder.meta.get("roofline"))

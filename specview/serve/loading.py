@@ -17,7 +17,7 @@ LOADING_RETRY_S = 5  # Retry-After while the models load: a guess (/health says 
 def load_session(settings, say):
     """The load (on the loading thread) -> (session, t_ar_ms): the session starts on the forward it has (a compiled
     one is built in the background), and t_ar is timed once (the profile's c and v use it, no request waits)."""
-    from specview.profiling.t_ar import time_target_token
+    from specview.profiling.target_token_time import time_target_token
     from specview.session import open_session
 
     session = open_session(settings, say, background=True)

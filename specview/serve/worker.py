@@ -2,7 +2,7 @@
 bounded queue, on the session loaded at start (docs/design/serve.md).
 
 Each request is a Job. The engine thread sends its records (start, one per step, end; or one error) to
-the job's asyncio queue and to the /events hub in ONE call_soon_threadsafe callback: the hub numbers
+the job's asyncio queue and to the /events fan-out in ONE call_soon_threadsafe callback: the fan-out numbers
 the record and the job gets (that number, record), so a client whose /generate stream drops can pick
 up on /events after the last number it saw. Between two steps it looks at two flags: the job's
 `cancelled` (its client went away) and the server's Stop (SIGINT/SIGTERM: stopping.py). On a stop the
@@ -35,7 +35,7 @@ from specview.core.errors import SpecviewError
 from specview.core.stopping import Stop
 from specview.engine.drafter import context_holders
 from specview.profiling.recorder import ProfileRecorder
-from specview.serve.hub import EventHub
+from specview.serve.event_fanout import EventFanout
 from specview.serve.metrics import ServeMetrics
 from specview.serve.schema import ApiError
 from specview.session import Session, check_context, encode_prompt, start_event
@@ -66,11 +66,11 @@ def error_record(err: ApiError) -> dict:
 
 
 class EngineWorker:
-    def __init__(self, session: Session, metrics: ServeMetrics, hub: EventHub, *, queue_size: int, cap: int,
+    def __init__(self, session: Session, metrics: ServeMetrics, fanout: EventFanout, *, queue_size: int, cap: int,
                  profile_dir: str, stop: Stop | None = None, profile_max_steps: int | None = None):
         self.session = session
         self.metrics = metrics
-        self.hub = hub
+        self.fanout = fanout
         self.queue_size = queue_size
         self.cap = cap
         self.stop = stop or Stop()
@@ -143,8 +143,8 @@ class EngineWorker:
         return sum(1 for job in list(self.jobs.queue) if job is not None and not job.cancelled.is_set())
 
     def _deliver(self, job: Job, record: dict, publish: bool) -> None:
-        """On the loop's thread: number the record in the hub (watchers get it) and hand it to the job."""
-        event_id = self.hub.publish(record) if publish else None
+        """On the loop's thread: number the record in the fan-out (watchers get it) and hand it to the job."""
+        event_id = self.fanout.publish(record) if publish else None
         job.records.put_nowait((event_id, record))
 
     # the engine thread ----------------------------------------------------------------------------

@@ -246,7 +246,7 @@ def test_a_bug_is_a_json_500_without_its_text_and_the_server_goes_on(served, mon
     def broken(*args, **kwargs):
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(served_.hub, "subscribe", broken)
+    monkeypatch.setattr(served_.fanout, "subscribe", broken)
     r = client.get("/events")  # before: Starlette's plain-text 500
     assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError", "field": None}
     # and the connection stays open: uvicorn used to close it after a handler raised, so a client reusing its

@@ -42,7 +42,7 @@ class Watcher:
         return self.items.popleft()
 
 
-class EventHub:
+class EventFanout:
     def __init__(self):
         self.next_id = 0
         self.recent: deque = deque(maxlen=KEEP)
