@@ -9,6 +9,7 @@ import importlib
 import os
 import sys
 
+from specview.core.env_names import adopt_old_names
 from specview.core.errors import SpecviewError
 from specview.core.exits import exit_now
 
@@ -23,6 +24,7 @@ DEFAULT = "specview.cli.tui"  # no command: the TUI
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    adopt_old_names()  # SPECVIEW_FASTLINEAR and the like, renamed: one release of warnings
     command = argv[0] if argv and argv[0] in COMMANDS else None
     try:
         module = importlib.import_module(COMMANDS[command] if command else DEFAULT)
