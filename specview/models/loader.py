@@ -328,6 +328,8 @@ def load_model(spec: str, device: torch.device, loaded: dict | None = None, *, c
         from specview.models.int4 import to_device as int4_to_device
 
         check_int4_supported(base, device, head=src.int4_head)  # one line naming the layer or the device
+        if on_progress is not None:
+            on_progress(f"making {spec}: a weight-only int4 copy (its codes are kept after the first start)")
         # Quantized where the base is (on the host, unless a target of the same source moved it already), then
         # moved: the full-precision base never goes to the device for a draft's sake.
         model = int4_to_device(_int4_copy(base, src, cache), device)
