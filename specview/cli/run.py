@@ -165,11 +165,10 @@ def run_command(args) -> int:
         if args.verbose:
             err_console.print(memory_line(session.memory()), soft_wrap=True, highlight=False)
         from specview.cpu.builds import status as building
+        from specview.cpu.builds import unfinished_note
 
         for spec, doing in building().items():
-            err_console.print(f"{spec}: the compiled forward was still being built ({doing}); the parts it finished "
-                              "are kept, and a later run goes on from there (`--compile on` builds it before the "
-                              "first step)", soft_wrap=True, highlight=False, markup=False)
+            err_console.print(unfinished_note(spec, doing), soft_wrap=True, highlight=False, markup=False)
     if save_error:
         print(f"specview run: error: {save_error}", file=sys.stderr)
         return 2

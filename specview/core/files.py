@@ -155,6 +155,16 @@ def ensure_writable_dir(path: str, option: str) -> None:
         raise SpecviewError(f"{option}: cannot write to {path}: {err.strerror or err}") from err
 
 
+def is_writable_dir(path: str) -> bool:
+    """Whether `path` (created if needed) takes a file: a probe written and removed, so the answer is the write's
+    own (permissions, a read-only mount, a full disk)."""
+    try:
+        ensure_writable_dir(path, "")
+    except SpecviewError:
+        return False
+    return True
+
+
 def cache_dir() -> Path:
     """specview's cache folder: converted models, compiled forwards, built kernels, measured figures."""
     if os.environ.get("SPECVIEW_CACHE_DIR"):
