@@ -39,26 +39,33 @@ RECORD_SUFFIX = ".record.json"  # beside a native artifact: its size and sha256 
 
 def place_artifact(tmp: str, path: str) -> None:
     """Move a finished native artifact (a built library, a compiled package) from `tmp`, in `path`'s folder, into
-    place, its record (size and sha256, hashed once here) written beside it first: a loader checks it against the
-    record before loading it (artifact_problem). A crash between the two leaves a record that does not match the
-    file (or no file): the next start builds it again."""
+    place, its record (size, sha256 hashed once here, and modification time) written beside it first: a loader
+    checks it against the record before loading it (artifact_problem). A crash between the two leaves a record
+    that does not match the file (or no file): the next start builds it again."""
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())  # the bytes on disk before the rename makes them the artifact
         digest = hashlib.file_digest(f, "sha256").hexdigest()
-        size = os.fstat(f.fileno()).st_size
     os.chmod(tmp, 0o666 & ~_UMASK)
-    write_json_atomic(path + RECORD_SUFFIX, {"size": size, "sha256": digest})
+    st = os.stat(tmp)  # a rename keeps it
+    _write_record(path, st, digest)
     os.replace(tmp, path)
+
+
+def _write_record(path: str, st: os.stat_result, digest: str) -> None:
+    write_json_atomic(path + RECORD_SUFFIX, {"size": st.st_size, "sha256": digest, "mtime_ns": st.st_mtime_ns})
 
 
 def artifact_problem(path: str) -> str | None:
     """None if the native artifact at `path` is the file its record describes, else what is wrong ("missing" if
     there is none). A native file is mapped, not read: one cut short or overwritten kills the process that loads
-    it (SIGBUS, SIGSEGV) before any Python handler can act, so it is checked here first. Hashed in full (a start
-    pays a few milliseconds for its packages): a size and a time would pass a file overwritten in place, and
-    fail every file of a cache copied elsewhere."""
+    it (SIGBUS, SIGSEGV) before any Python handler can act, so it is checked here first.
+
+    Cheap where nothing happened: the size and the modification time as recorded mean the file was not written
+    since (a stat and a small JSON read). Any other time (a copy of the cache, a write in place) means the file is
+    hashed and compared with the recorded sha256; where it matches, the record takes the new time (best effort:
+    a read-only cache hashes again at its next start)."""
     try:
-        size = os.stat(path).st_size
+        st = os.stat(path)
     except FileNotFoundError:
         return "missing"
     except OSError as err:
@@ -69,8 +76,10 @@ def artifact_problem(path: str) -> str | None:
         want_size, want_digest = int(record["size"]), str(record["sha256"])
     except (OSError, ValueError, KeyError, TypeError):
         return "no record of its size and hash beside it (written by an older specview, or cut short)"
-    if size != want_size:
-        return f"it has {size} bytes, not the {want_size} it was written with"
+    if st.st_size != want_size:
+        return f"it has {st.st_size} bytes, not the {want_size} it was written with"
+    if record.get("mtime_ns") == st.st_mtime_ns:
+        return None
     try:
         with open(path, "rb") as f:
             digest = hashlib.file_digest(f, "sha256").hexdigest()
@@ -78,6 +87,10 @@ def artifact_problem(path: str) -> str | None:
         return f"it cannot be read: {err.strerror or err}"
     if digest != want_digest:
         return "its bytes are not the ones written (its sha256 differs)"
+    try:
+        _write_record(path, st, digest)
+    except OSError:
+        pass
     return None
 
 

@@ -203,3 +203,29 @@ def test_a_cache_that_cannot_be_written_is_not_said_to_keep_a_builds_parts(tmp_p
     assert "nothing it built is kept" in note and "are kept" not in note
     monkeypatch.setenv("SPECVIEW_CACHE_DIR", str(tmp_path / "cache"))
     assert "the parts it finished are kept in" in builds.unfinished_note("tiny", "building head")
+
+
+def test_an_artifact_is_checked_against_the_size_and_hash_it_was_written_with(tmp_path, monkeypatch):
+    path = str(tmp_path / "lib.so")
+    (tmp_path / ".tmp-lib").write_bytes(bytes(range(256)) * 1024)
+    files.place_artifact(str(tmp_path / ".tmp-lib"), path)
+    assert files.artifact_problem(path) is None and not (tmp_path / ".tmp-lib").exists()
+    hashed = []
+    real = files.hashlib.file_digest
+    monkeypatch.setattr(files.hashlib, "file_digest", lambda f, name: hashed.append(f.name) or real(f, name))
+    assert files.artifact_problem(path) is None and not hashed  # untouched since: a stat, no hash
+
+    os.utime(path, ns=(1, 1))  # copied elsewhere: another time, the same bytes
+    assert files.artifact_problem(path) is None and hashed == [path]
+    assert files.artifact_problem(path) is None and hashed == [path]  # the record took the new time
+
+    with open(path, "r+b") as f:  # overwritten in place, the size kept
+        f.seek(4096)
+        f.write(b"\0" * 65536)
+    assert "sha256 differs" in files.artifact_problem(path)
+    os.truncate(path, 1000)
+    assert files.artifact_problem(path) == "it has 1000 bytes, not the 262144 it was written with"
+    os.unlink(path + files.RECORD_SUFFIX)
+    assert files.artifact_problem(path).startswith("no record of its size and hash")
+    os.unlink(path)
+    assert files.artifact_problem(path) == "missing"
