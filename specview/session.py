@@ -260,6 +260,14 @@ def builds_in_flight() -> dict[str, str]:
     return build_status()
 
 
+def unfinished_builds() -> list[str]:
+    """One line for each forward still being built in the background as a command ends: what is kept of it, and
+    what a later run does."""
+    from specview.cpu.fast_path import unfinished_build_notes
+
+    return unfinished_build_notes()
+
+
 def start_event(session: Session, method: str, num_runs: int, settings: Settings | None = None,
                 prompt_ids: list[int] | None = None) -> dict:
     """The `start` record; `settings` / `prompt_ids` when they differ from the session's (a served request)."""

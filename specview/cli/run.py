@@ -164,12 +164,10 @@ def run_command(args) -> int:
         summary_console.print(summary_table(summaries, method))
         if args.verbose:
             err_console.print(memory_line(session.memory()), soft_wrap=True, highlight=False)
-        from specview.session import builds_in_flight
+        from specview.session import unfinished_builds
 
-        for spec, doing in builds_in_flight().items():
-            err_console.print(f"{spec}: the compiled forward was still being built ({doing}); the parts it finished "
-                              "are kept, and a later run goes on from there (`--compile on` builds it before the "
-                              "first step)", soft_wrap=True, highlight=False, markup=False)
+        for note in unfinished_builds():
+            err_console.print(note, soft_wrap=True, highlight=False, markup=False)
     if save_error:
         print(f"specview run: error: {save_error}", file=sys.stderr)
         return 2

@@ -26,6 +26,15 @@ from contextlib import contextmanager
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
+_installed: list = []  # the Stops whose handlers are installed now (on_signals), innermost last
+
+
+def signalled() -> bool:
+    """Whether a signal has asked the process to stop (a Stop installed by on_signals was requested): a wait that
+    no step boundary interrupts (core/locks.py) ends on it."""
+    return any(stop.requested for stop in _installed)
+
+
 class Stopped(Exception):
     """Raised by Stop.check() at a boundary: unwinds a loop that cannot simply return."""
 
@@ -70,9 +79,11 @@ class Stop:
             yield self
             return
         previous = {sig: signal.signal(sig, self.handle) for sig in signals}
+        _installed.append(self)
         try:
             yield self
         finally:
+            _installed.remove(self)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 

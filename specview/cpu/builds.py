@@ -114,3 +114,16 @@ def wait(model, timeout: float | None = None) -> bool:
     """Block until `model`'s build is done (tests; a command that wants the built forward)."""
     build = _builds.get(model)
     return True if build is None else build.done.wait(timeout)
+
+
+def unfinished_note(spec: str, doing: str) -> str:
+    """What a command says at its end of a build still running (it ends with the process): whether the packages it
+    finished are kept depends on whether the cache folder takes files."""
+    from specview.core.files import cache_dir, is_writable_dir
+
+    folder = cache_dir()
+    if is_writable_dir(str(folder)):
+        return (f"{spec}: the compiled forward was still being built ({doing}); the parts it finished are kept in "
+                f"{folder}, and a later run goes on from there (`--compile on` builds it before the first step)")
+    return (f"{spec}: the compiled forward was still being built ({doing}); nothing it built is kept: the cache "
+            f"folder {folder} cannot be written, so every run starts this build again")

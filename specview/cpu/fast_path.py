@@ -77,6 +77,11 @@ def build_status() -> dict[str, str]:
     return builds.status()
 
 
+def unfinished_build_notes() -> list[str]:
+    """builds.unfinished_note for each build still in flight (run's last lines)."""
+    return [builds.unfinished_note(spec, doing) for spec, doing in builds.status().items()]
+
+
 def held_tensors(model) -> list[torch.Tensor]:
     """Every tensor the fast path holds for `model` beside its parameters: the engine's forward's weights (fused
     and packed copies, int4 codes) and the packed copies transformers' forward reads (memory.weights_mb counts

@@ -17,8 +17,9 @@ $XDG_CACHE_HOME/specview, else ~/.cache/specview, and the key is a hash of:
 An entry is complete when its marker file (MARKER, written last) lists every file with its size and
 the files match: a truncated or missing file, bad JSON or a bad safetensors header marks it broken,
 and it is rebuilt. Entries are built in a temporary folder in the cache dir and renamed into place,
-so a reader never sees half an entry; a leftover temporary folder (a killed build) is never read and
-is removed once it is a day old. A new entry removes the one it supersedes (the same key at an older
+so a reader never sees half an entry; a leftover temporary folder (a killed build, its process's id in
+its name) is never read and is removed by the next start once that process is gone. One conversion at a
+time (an flock on `<entry>.lock`, core/locks.py): a second start waits for the first's entry and loads it. A new entry removes the one it supersedes (the same key at an older
 FORMAT), so a FORMAT bump does not leave a dead copy of every converted model behind. Writing the cache
 is best effort: if it fails, the model built from the source is still returned, with a one-line warning.
 """
@@ -42,7 +43,6 @@ from specview.core.files import cache_dir
 FORMAT = 2  # bump when what an entry holds changes (2: the added tokens listed in tokenizer_config.json)
 MARKER = "specview-cache.json"
 TMP_PREFIX = ".tmp-"
-STALE_TMP_S = 24 * 3600  # a temporary folder this old is from a build that died
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -79,15 +79,31 @@ def cached_load(
     """`load(entry)` if a complete entry exists for `key_inputs`, else `build()`, `save(obj, folder)`
     into a new entry and return the built object. Returns (object, how): how is "hit", "built" or
     "built, not cached" (the write failed)."""
+    from specview.core import locks
+
     entry = entry_path(name, key_inputs, root)
+    _remove_stale_tmp(entry.parent)  # a conversion killed mid-save left its temporary folder: gone now
     problem = entry_problem(entry)
     if problem is None:
         try:
             return load(entry), "hit"
         except Exception as err:  # noqa: BLE001 - whatever the reason, the source can rebuild it
-            log.warning("specview: cache entry %s does not load (%s); rebuilding it", entry, _short(err))
-    elif problem != "missing":
-        log.warning("specview: cache entry %s is broken (%s); rebuilding it", entry, problem)
+            problem = f"it does not load: {_short(err)}"
+    # one conversion at a time: a second start waits for the first's entry instead of converting too
+    with locks.held(f"{entry}.lock", f"the converted model {entry.name}"):
+        if not problem.startswith("it does not load"):  # another start may have written it while this one waited
+            problem = entry_problem(entry)
+            if problem is None:
+                try:
+                    return load(entry), "hit"
+                except Exception as err:  # noqa: BLE001
+                    problem = f"it does not load: {_short(err)}"
+        if problem != "missing":
+            log.warning("specview: cache entry %s is broken (%s); rebuilding it", entry, problem)
+        return _build_and_write(entry, key_inputs, build, save)
+
+
+def _build_and_write(entry: Path, key_inputs: dict, build, save) -> tuple:
     obj = build()
     try:
         _write_entry(entry, key_inputs, lambda folder: save(obj, folder))
@@ -141,7 +157,8 @@ def check_safetensors(path: str | os.PathLike) -> None:
 def _write_entry(entry: Path, key_inputs: dict, save: Callable[[Path], None]) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_tmp(entry.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{entry.name}-", dir=entry.parent))
+    # its process's id in the name: the next start removes it once that process is gone (killed mid-save)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-{entry.name}-", dir=entry.parent))
     try:
         save(tmp)
         files = {}
@@ -195,19 +212,17 @@ def _remove_superseded(entry: Path, key_inputs: dict) -> None:
 def _discard(entry: Path) -> None:
     """Remove an entry: moved aside in one rename (a reader sees it whole or missing, never half deleted), then
     deleted; whatever a failed deletion leaves is a temporary folder, swept once a day old."""
-    trash = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-", dir=entry.parent))
+    trash = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-old-", dir=entry.parent))
     os.replace(entry, trash / "entry")
     shutil.rmtree(trash, ignore_errors=True)
 
 
 def _remove_stale_tmp(root: Path) -> None:
-    now = time.time()
-    for path in root.glob(TMP_PREFIX + "*"):
-        try:
-            if now - path.stat().st_mtime > STALE_TMP_S:
-                shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            pass
+    """Temporary folders of conversions whose process is gone (core/files.remove_orphans; an older specview's,
+    without a process id in the name, once a day old)."""
+    from specview.core.files import remove_orphans
+
+    remove_orphans(str(root), TMP_PREFIX)
 
 
 def _fsync(path: Path) -> None:

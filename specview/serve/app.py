@@ -4,7 +4,10 @@
                       chat?, ignore_eos?, stream?} -> {text, generated_ids, summary, request}
                      stream: text/event-stream, one specview.events/1 record per event (start, step..., end)
     POST /predict    {prompt} -> {text, generated_text, summary}   (the seed project's server)
-    GET  /health     {status, loading, error, target, drafters, queue, ...}   (never needs the token)
+    GET  /health     {status, loading, error, target, drafters, queue, ...}   (never needs the token): 200 only when
+                     requests will be served (status ok); 503 with the same JSON while loading (Retry-After), after
+                     a failed load and while stopping, as llama-server answers 503 until its model has loaded
+    GET  /live       the same JSON, 200 whenever the process answers at all (a liveness probe; never the token)
     GET  /metrics    Prometheus text (metrics.py)
     GET  /events     text/event-stream of every record of every request, `id:` for Last-Event-ID
     GET  /openapi.json  this API as OpenAPI 3.1, from the request models (openapi.py)
@@ -38,7 +41,7 @@ from starlette.routing import Route
 from specview.core.prompt_text import ascii_int
 from specview.core.stopping import Stop
 from specview.serve.event_fanout import EventFanout
-from specview.serve.loading import Readiness
+from specview.serve.loading import LOADING_RETRY_S, Readiness
 from specview.serve.metrics import CONTENT_TYPE, ServeMetrics
 from specview.serve.openapi import openapi_document
 from specview.serve.schema import ApiError, GenerateRequest, PredictRequest, parse_body
@@ -187,11 +190,22 @@ def create_app(state: Readiness, fanout: EventFanout, metrics: ServeMetrics, sto
         # The seed's server answered the decoded sequence, prompt included.
         return JSONResponse({"text": job.sequence_text, "generated_text": end["text"], "summary": end})
 
-    async def health(request: Request) -> Response:
+    def health_body() -> dict:
         from specview.session import builds_in_flight
 
         # forwards_building: spec -> what its background build is doing
-        return JSONResponse({**state.health(bool(stop)), "forwards_building": builds_in_flight()})
+        return {**state.health(bool(stop)), "forwards_building": builds_in_flight()}
+
+    async def health(request: Request) -> Response:
+        # readiness: a load balancer or a readiness probe takes 200 for "send requests here"
+        body = health_body()
+        if body["status"] == "ok":
+            return JSONResponse(body)
+        headers = {"Retry-After": str(LOADING_RETRY_S)} if body["status"] == "loading" else None
+        return JSONResponse(body, status_code=503, headers=headers)
+
+    async def live(request: Request) -> Response:
+        return JSONResponse(health_body())
 
     async def metrics_page(request: Request) -> Response:
         check_token(request)
@@ -237,6 +251,7 @@ def create_app(state: Readiness, fanout: EventFanout, metrics: ServeMetrics, sto
         Route("/generate", generate, methods=["POST"]),
         Route("/predict", predict, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        Route("/live", live, methods=["GET"]),
         Route("/metrics", metrics_page, methods=["GET"]),
         Route("/events", events, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),

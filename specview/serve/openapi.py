@@ -74,6 +74,10 @@ def openapi_document(cap: int, drafters: list[str], token: bool) -> dict:
                   "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Predicted"}}}}
     last_id = {"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "string"},
                "description": "replay the kept records after this one"}
+    health_ok = {"description": "status", "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/Health"}}}}
+    health_op = get("ready to serve requests (200 only then); what it loaded", health_ok, public=True)
+    health_op["get"]["responses"]["503"] = {**health_ok, "description": "loading (Retry-After), failed or stopping"}
     doc = {
         "openapi": "3.1.0",
         "info": {"title": "specview serve", "version": "1",
@@ -81,8 +85,8 @@ def openapi_document(cap: int, drafters: list[str], token: bool) -> dict:
         "paths": {
             "/generate": post("GenerateRequest", generate_ok, "generate from a prompt"),
             "/predict": post("PredictRequest", predict_ok, "the seed project's endpoint"),
-            "/health": get("is it up; what it loaded", {"description": "status", "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/Health"}}}}, public=True),
+            "/health": health_op,
+            "/live": get("is the process up (200 while loading too); what it loads", health_ok, public=True),
             "/metrics": get("Prometheus text", {"description": "metrics", "content": {"text/plain": {"schema": {
                 "type": "string"}}}}),
             "/events": get("every record of every request", {"description": "server-sent events", "content": STREAM},

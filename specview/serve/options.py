@@ -27,7 +27,7 @@ def build_serve_parser() -> Parser:
     g.add_argument("--port", default=DEFAULT_PORT, type=number_type(int, "--port", lambda v: 0 <= v < 65536, "in 0..65535"),
                    help=f"port (default {DEFAULT_PORT}; 0 = any free port, printed)")
     g.add_argument("--token", default=None,
-                   help="require `Authorization: Bearer TOKEN` on every endpoint but /health")
+                   help="require `Authorization: Bearer TOKEN` on every endpoint but /health and /live")
     g.add_argument("--queue", default=16, type=number_type(int, "--queue", lambda v: v >= 1, ">= 1"),
                    help="requests that may wait for the engine; past that, 503 with Retry-After (default 16)")
     g.add_argument("--max-new-tokens-cap", default=1024, type=number_type(int, "--max-new-tokens-cap", lambda v: v >= 1, ">= 1"),

@@ -82,10 +82,16 @@ class AttachBackend(RemoteBackend):
         return info, RunInfo(self.run_index)
 
     def _health(self) -> dict:
+        """/health's JSON: 200 when it serves, 503 with the same JSON while it loads, after a failed load or while
+        it stops (its status says which); any other answer is no specview server."""
         try:
-            return self.client.get("/health").json()
+            response = self.client.get("/health")
+            health = response.json()
         except (httpx.HTTPError, ValueError) as err:
             raise SpecviewError(f"cannot reach a specview server at {self.url}: {err}") from None
+        if response.status_code not in (200, 503) or not isinstance(health, dict) or "status" not in health:
+            raise SpecviewError(f"no specview server at {self.url}: GET /health answered {response.status_code}")
+        return health
 
     def step(self) -> StepView:
         if not self.follow and not self.sent:

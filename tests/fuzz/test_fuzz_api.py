@@ -38,7 +38,7 @@ from specview.core.settings import Settings
 TOKEN = "fuzz-t0ken"
 GOOD = {"prompt": "w1 w2 w3", "max_new_tokens": 6, "temperature": 0, "ignore_eos": True, "k": 3}
 CHECK_EVERY = 25
-OPERATIONS = ["POST /generate", "POST /predict", "GET /health", "GET /metrics", "GET /events", "GET /openapi.json"]
+OPERATIONS = ["POST /generate", "POST /predict", "GET /health", "GET /live", "GET /metrics", "GET /events", "GET /openapi.json"]
 # the short form: cases per (operation, mode); /generate is where the input is
 SHORT = {"POST /generate": 40, "POST /predict": 15}
 

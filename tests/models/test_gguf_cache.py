@@ -4,12 +4,15 @@ Every test gets its own cache dir (SPECVIEW_CACHE_DIR = a tmp_path): the user's 
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
 import tiny
+from specview.core.files import ORPHAN_AGE_S
 from specview.models import gguf_cache
 from specview.models.gguf_cache import MARKER, cached_load, entry_path, entry_problem
 from specview.models.loader import load_model
@@ -74,7 +77,8 @@ def test_first_call_builds_and_writes_the_second_loads(cache_root):
     (again, tok), how = c()
     assert (how, c.builds) == ("hit", 1)  # build not called
     assert same_weights(model, again) and tok("w1 w2")["input_ids"] == [4, 5]
-    assert [p.name for p in cache_root.iterdir()] == [entry.name]  # no temp folder left behind
+    # no temp folder left behind (the conversion's lock file stays: removing a held flock's file would let two hold it)
+    assert [p.name for p in cache_root.iterdir() if p.suffix != ".lock"] == [entry.name]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "missing", "bad json", "no marker", "bad marker"])
@@ -128,17 +132,34 @@ def test_an_entry_that_fails_to_load_is_rebuilt():
 def test_a_leftover_temp_folder_is_ignored_and_a_stale_one_removed(cache_root):
     cache_root.mkdir(parents=True)
     entry = entry_path("tiny", {"source_sha256": "abc"})
-    fresh = cache_root / f"{gguf_cache.TMP_PREFIX}{entry.name}-killed"
+    fresh = cache_root / f"{gguf_cache.TMP_PREFIX}{entry.name}-killed"  # an older specview's: no pid in the name
     stale = cache_root / f"{gguf_cache.TMP_PREFIX}{entry.name}-old"
     for folder in (fresh, stale):  # a build killed half way: some files, no marker
         folder.mkdir()
         (folder / "config.json").write_text("{}")
         (folder / "model.safetensors").write_bytes(b"\0" * 10)
-    old = time.time() - 2 * gguf_cache.STALE_TMP_S
+    old = time.time() - 2 * ORPHAN_AGE_S
     os.utime(stale, (old, old))
     c = Counter()
     assert c()[1] == "built" and c()[1] == "hit"
     assert fresh.exists() and not stale.exists()  # a fresh one may be another process's build in progress
+
+
+def test_the_temp_folder_of_a_conversion_killed_mid_save_is_removed_by_the_next_start(cache_root):
+    """A start killed while it saved the converted model leaves its temporary folder (the whole model's size): the
+    next start removes it, even one that only loads, unless its process is alive (a conversion in flight)."""
+    c = Counter()
+    assert c()[1] == "built"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid names no process now
+    entry = entry_path("tiny", {"source_sha256": "abc"})
+    killed = cache_root / f"{gguf_cache.TMP_PREFIX}{dead.pid}-{entry.name}-x1"
+    alive = cache_root / f"{gguf_cache.TMP_PREFIX}{os.getpid()}-{entry.name}-x2"
+    for folder in (killed, alive):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"\0" * 10)
+    assert c()[1] == "hit"
+    assert not killed.exists() and alive.exists()
 
 
 def test_a_new_format_replaces_its_old_entry_and_leaves_other_versions_alone(cache_root):
@@ -172,7 +193,7 @@ def test_a_failed_write_still_returns_the_model(cache_root):
     cache_root.unlink()
     obj, how = cached_load({"source_sha256": "abc"}, c.build, failing_save, c.load, name="tiny")
     assert how == "built, not cached"
-    assert not any(cache_root.iterdir())  # the temp folder is gone, no entry was made
+    assert not [p for p in cache_root.iterdir() if p.suffix != ".lock"]  # the temp folder is gone, no entry was made
 
 
 def test_the_key_follows_the_bytes_not_the_path(tmp_path):
@@ -323,3 +344,49 @@ def test_a_gguf_load_parses_the_file_once(tiny_gguf, monkeypatch):
     assert len(tables) == 1  # the tensor-name table, once (not once per module)
     assert lm.tokenizer("the theme")["input_ids"] and lm.model.config.num_hidden_layers > 0
     assert gguf.GGUFReader is counted and gguf.get_tensor_name_map is not real_names  # the patches end with the load
+
+
+CONVERTING = """
+import sys
+import tiny
+from specview.models.gguf_cache import cached_load
+
+def build():
+    print("converting", flush=True)
+    if sys.argv[1] == "first":
+        sys.stdin.readline()  # held here until the test lets it go
+    return tiny.make_model("llama", 16, 0), tiny.make_tokenizer(16)
+
+_, how = cached_load({"source_sha256": "abc"}, build, lambda obj, folder: tiny.save(*obj, folder),
+                     lambda folder: "loaded", name="tiny")
+print(how, flush=True)
+"""
+
+
+def test_two_starts_at_once_convert_the_model_once(cache_root):
+    """The second start waits for the first's conversion (saying so) and loads its entry: no second conversion."""
+    support = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([support, os.environ.get("PYTHONPATH", "")])}
+    first = subprocess.Popen([sys.executable, "-c", CONVERTING, "first"], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    second = None
+    try:
+        assert first.stdout.readline().strip() == "converting"  # it holds the conversion's lock now
+        second = subprocess.Popen([sys.executable, "-c", CONVERTING, "second"], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        said = []
+        while not any("waiting for" in line for line in said):
+            line = second.stderr.readline()
+            assert line, f"the second start ended without waiting: {said} {second.stdout.read()!r}"
+            said.append(line)
+        assert f"process {first.pid}" in said[-1] and "converted model tiny-" in said[-1], said
+        first.stdin.write("go\n")
+        first.stdin.close()
+        assert first.stdout.read().split() == ["built"]
+        out, _ = second.communicate(timeout=120)
+        assert out.split() == ["hit"], out  # it never converted
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()

@@ -1,5 +1,5 @@
 """`specview serve` answers while its models load (a real uvicorn on a loopback port, tiny models): /health says
-"loading" and the requests get 503 with Retry-After until the load ends; then they run. A load that fails shows
+"loading" with 503 (200 only once requests are served; /live answers 200 throughout) and the requests get 503 with Retry-After until the load ends; then they run. A load that fails shows
 on /health and in every answer; a stop while the models load ends the server without waiting for the load. The
 load is held on an Event the test releases (loading.load_session patched), never on a clock."""
 
@@ -24,8 +24,11 @@ def test_health_answers_while_the_models_load_and_requests_get_503_until_they_ha
     with running_server(settings, ready=False) as served, httpx.Client(base_url=served.url, timeout=TIMEOUT) as client:
         assert held_load.entered.wait(TIMEOUT)
         health = client.get("/health")
-        assert health.status_code == 200
+        # readiness: 503 until requests will be served (a probe takes 200 for ready), the same JSON, Retry-After
+        assert health.status_code == 503 and int(health.headers["retry-after"]) >= 1
         loading_now = health.json()
+        live = client.get("/live")  # liveness: up, whatever it is doing
+        assert live.status_code == 200 and live.json()["status"] == "loading"
         assert loading_now["status"] == "loading" and loading_now["loading"] == "held by the test"
         assert loading_now["error"] is None and loading_now["queue"] == 0 and loading_now["running"] is False
         # what will load, said before it has: the keys of a loaded server's /health, all there
@@ -41,6 +44,7 @@ def test_health_answers_while_the_models_load_and_requests_get_503_until_they_ha
         held_load.release.set()
         ready = wait_for(lambda health: health["status"] != "loading", "the models to load", client)
         assert ready["status"] == "ok" and ready["loading"] is None and ready["error"] is None
+        assert client.get("/health").status_code == 200 and client.get("/live").status_code == 200
         assert ready["device"] == "cpu" and ready["load_s"] > 0
         answer = client.post("/generate", json=body)
         assert answer.status_code == 200, answer.text
@@ -58,6 +62,8 @@ def test_a_load_that_fails_shows_on_health_and_in_every_answer(settings, monkeyp
         health = wait_for(lambda health: health["status"] != "loading", "the load to end", client)
         assert health["status"] == "error" and health["error"] == "cannot load nowhere: no such folder"
         assert health["loading"] is None
+        assert client.get("/health").status_code == 503  # never ready: no request will be served
+        assert client.get("/live").status_code == 200
         answer = client.post("/generate", json={"prompt": "w1"})
         assert answer.status_code == 503 and "retry-after" not in answer.headers  # retrying will not help
         assert answer.json()["error"] == "the models failed to load: cannot load nowhere: no such folder"

@@ -166,3 +166,18 @@ def test_attaching_to_a_server_whose_load_failed_says_why(settings, monkeypatch)
                 backend.load(lambda text: None)
         finally:
             backend.close()
+
+
+def test_attaching_to_something_that_is_no_specview_server_says_so(settings, monkeypatch):
+    """/health's 503 is a specview server loading or failed (its JSON says which); a 404 is no specview server."""
+    def fails(settings, say):
+        raise SpecviewError("cannot load nowhere")
+
+    monkeypatch.setattr("specview.serve.loading.load_session", fails)
+    with running_server(settings, ready=False) as served:
+        backend = AttachBackend(served.url + "/elsewhere", None, settings)  # GET /elsewhere/health: 404
+        try:
+            with pytest.raises(SpecviewError, match="no specview server at .*answered 404"):
+                backend.load(lambda text: None)
+        finally:
+            backend.close()

@@ -13,15 +13,22 @@ Two ways, both inductor writing C++ for the CPU and building it with the system'
                   SPECVIEW_AOT=0 puts the forward on it (the test suite does, to build fewer packages).
 
 Both caches sit beside the converted weights (one folder per thread count: inductor writes the OpenMP
-thread count into its C++), so deleting specview's cache folder removes them too.
+thread count into its C++), so deleting specview's cache folder removes them too: configure() points
+TORCHINDUCTOR_CACHE_DIR there unless the user chose another folder (inductor writes its default, the system's
+temp folder, into that variable the first time it asks, so that value is replaced; only its precompiled headers,
+a path it fixes at import, stay in the temp folder).
+
+A package is written whole (a partial file named with the process's id, then a rename) with its size and sha256
+beside it (core/files.place_artifact), and checked before it is loaded: one damaged since is built again, with one
+line saying so. Its build holds an flock (core/locks.py); a sound package is loaded without it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import inspect
+import logging
 import os
 import shutil
 import time
@@ -30,6 +37,7 @@ import warnings
 import torch
 
 _configured = False
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> str:
@@ -60,7 +68,10 @@ def configure() -> None:
     global _configured
     if _configured:
         return
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", cache_dir())
+    use_cache_dir()
+    from specview.core.children import compilers_die_with_this_process
+
+    compilers_die_with_this_process()  # a kill of this process leaves no compiler running
     import torch._dynamo
     import torch._inductor.config as inductor
 
@@ -68,6 +79,20 @@ def configure() -> None:
     # Each of target, draft, one row and a verify is a graph of the same functions: room for all of them.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 32)
     _configured = True
+
+
+def use_cache_dir() -> None:
+    """inductor's cache (its generated C++, built kernels, FX graphs) in specview's cache folder, unless the user
+    chose one (TORCHINDUCTOR_CACHE_DIR set to another folder than inductor's default): an empty specview cache
+    folder is then a cold start. inductor writes its default (the system's temp folder) into the variable the
+    first time it asks for it, so that value is replaced too."""
+    from torch._inductor.runtime.cache_dir_utils import (
+        default_cache_dir,  # torch-free module: no inductor import
+    )
+
+    given = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not given or os.path.abspath(given) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir()
 
 
 def compile_fn(fn):
@@ -105,6 +130,7 @@ def _template(args):
                  for a in args)
 
 
+PARTIAL_PREFIX = ".partial-"  # a package being written: .partial-<pid>-<its name>
 MAX_ROWS = 1 << 16  # the most rows a function of several rows is built for (a prefill of the longest context)
 MAX_POSITIONS = 1 << 22  # the longest cache a whole layer is built for
 
@@ -279,8 +305,7 @@ class AotFunction:
         kind = "-rows" if self.symbolic else ""
         path = os.path.join(aot_dir(), f"{self.fn.__name__}{kind}-{key.hexdigest()[:24]}.pt2")
         t0 = time.perf_counter()
-        with _building(path):  # another process building this package: wait for it, then load what it wrote
-            loader = self._load_or_build_locked(path, args, tensors, kind, t0)
+        loader = self._load_or_build_locked(path, args, tensors, kind, t0)
         from torch.utils import _pytree
 
         out_spec = _pytree.treespec_loads(loader.get_call_spec()[1])
@@ -296,37 +321,35 @@ class AotFunction:
 
 
     def _load_or_build_locked(self, path: str, args, tensors, kind: str, t0: float):
-        loader = None
-        if os.path.exists(path):
-            try:
-                loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
-                self.built = "loaded"
-            except Exception:  # noqa: BLE001 - a damaged package (a disk filled mid-write): build it again
-                os.remove(path)
-        if loader is None:
+        """Load the package if it is the file its record describes (core/files.artifact_problem: a package
+        overwritten in place kills the process that loads it with SIGSEGV), else build it, with one line saying
+        why when it was there. A sound package is loaded without the lock (a read-only cache loads what it has)."""
+        from specview.core import locks
+        from specview.core.files import artifact_problem, remove_orphans
+
+        loader = self._load(path) if artifact_problem(path) is None else None
+        if loader is not None:
+            return loader
+        remove_orphans(os.path.dirname(path), PARTIAL_PREFIX)
+        with locks.held(path + ".lock", f"the compiled package {os.path.basename(path)}"):
+            problem = artifact_problem(path)  # another process may have built it while this one waited
+            if problem is None and (loader := self._load(path)) is not None:
+                return loader
+            if problem != "missing":
+                log.warning("specview: the compiled package %s is damaged (%s): building it again", path,
+                            problem or "it does not load")
             dynamic = _dynamic_shapes(args, self.row_dims) if kind else None
             _build(_Bound(self.fn, _template(args)), tuple(tensors), path, dynamic)
             self.built = f"built in {time.perf_counter() - t0:.1f} s"
-            loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
-        return loader
+        return torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
 
-
-@contextlib.contextmanager
-def _building(path: str):
-    """An exclusive lock on `path`'s build across processes (flock: released when its holder exits, however it
-    exits), so a package is built once per machine whoever asks for it first."""
-    try:
-        import fcntl
-    except ImportError:  # no flock here: each process builds what it lacks
-        yield
-        return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    def _load(self, path: str):
         try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+        except Exception:  # noqa: BLE001 - sound bytes that do not load: built again by the caller
+            return None
+        self.built = "loaded"
+        return loader
 
 
 def _same(a):
@@ -357,11 +380,18 @@ def _build(module: torch.nn.Module, tensors: tuple, path: str, dynamic_shapes=No
     configure()  # inductor's cache folder: the precompiled header and kernels are reused across builds
     import torch._inductor
 
+    from specview.core.files import place_artifact
+
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    partial = f"{path}.{os.getpid()}.partial.pt2"
+    # its process's id in the name: a later start removes it once that process is gone (killed mid-build)
+    partial = os.path.join(os.path.dirname(path), f"{PARTIAL_PREFIX}{os.getpid()}-{os.path.basename(path)}")
     dynamic = None if dynamic_shapes is None else (dynamic_shapes,)  # forward(*tensors): one varargs entry
     with warnings.catch_warnings():  # torch's own deprecation notices inside export (LeafSpec): not the user's to act on
         warnings.simplefilter("ignore", FutureWarning)
         exported = torch.export.export(module, tensors, dynamic_shapes=dynamic, strict=False)
-        torch._inductor.aoti_compile_and_package(exported, package_path=partial)
-    os.replace(partial, path)
+        try:
+            torch._inductor.aoti_compile_and_package(exported, package_path=partial)
+            place_artifact(partial, path)
+        finally:
+            if os.path.exists(partial):
+                os.remove(partial)

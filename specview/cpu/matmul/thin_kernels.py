@@ -19,9 +19,9 @@ unless it measured faster. Where it cannot be built (no compiler, no ninja, no A
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import sys
@@ -30,6 +30,8 @@ import tempfile
 import torch
 
 from specview.core import host
+
+log = logging.getLogger(__name__)
 
 # The kernels a built graph may call (compiled forwards are keyed by them), then the library's other source: the
 # int4 layout's packer, run at a start.
@@ -175,25 +177,40 @@ def require() -> None:
 
 
 def _load() -> None:
-    """Load the built library, building it first where it is not built yet. The build runs under an flock (freed
-    by the kernel when its holder dies, unlike a lock file) in a folder of its own and the library is moved into
-    place whole, so a second process never loads a half-written file; one that fails to load is built again once."""
+    """Load the built library, building it first where it is not built yet or is not the file its record describes
+    (core/files.artifact_problem: a library cut short is mapped, and a read past its end kills the process with
+    SIGBUS, which no handler catches). A sound library is loaded without the lock (a read-only cache loads what it
+    has). The build runs under an flock (core/locks.py: it says what it waits for, and never waits without end) in
+    a folder of its own, and the library is moved into place whole with its record, so no process loads a
+    half-written file; one that fails to load anyway is built again once."""
+    from specview.core import locks
+    from specview.core.files import artifact_problem, remove_orphans
+
     if _defined():  # loaded already (from another cache folder, say): a second TORCH_LIBRARY aborts the process
         return
     folder = build_dir()
     library = os.path.join(folder, _name() + ".so")
-    os.makedirs(folder, exist_ok=True)
-    if os.path.exists(library):
+    problem = artifact_problem(library)
+    if problem is None:
         try:
             torch.ops.load_library(library)  # no compiler, no ninja: what a warm start pays is the load alone
             return
-        except Exception:  # noqa: BLE001 - damaged (a disk filled up mid-copy): built again below
-            os.remove(library)
-    with open(library + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not os.path.exists(library):  # another process may have built it while this one waited
+        except Exception as err:  # noqa: BLE001 - sound bytes that do not load (another libc, say): built again
+            problem = f"it does not load: {type(err).__name__}"
+    os.makedirs(folder, exist_ok=True)
+    remove_orphans(folder, BUILD_PREFIX)
+    with locks.held(library + ".lock", "the thin-kernel library"):
+        if not problem.startswith("it does not load"):  # another process may have built it while this one waited
+            problem = artifact_problem(library)
+        if problem is not None:
+            if problem != "missing":
+                log.warning("specview: the thin-kernel library %s is damaged (%s): building it again", library,
+                            problem)
             _build(folder, library)
     torch.ops.load_library(library)
+
+
+BUILD_PREFIX = "build-"  # a build's scratch folder: build-<pid>-<random>
 
 
 def _defined() -> bool:
@@ -217,12 +234,16 @@ def _build(folder: str, library: str) -> None:
         bins = []
     bins.append(os.path.dirname(sys.executable))
     os.environ["PATH"] = os.pathsep.join([*bins, os.environ.get("PATH", "")])
-    scratch = tempfile.mkdtemp(prefix="build-", dir=folder)
+    from specview.core.children import compilers_die_with_this_process
+    from specview.core.files import place_artifact
+
+    compilers_die_with_this_process()  # a kill of this process leaves no ninja or compiler running
+    scratch = tempfile.mkdtemp(prefix=f"{BUILD_PREFIX}{os.getpid()}-", dir=folder)
     try:
         name = os.path.basename(library)[: -len(".so")]
         cpp_extension.load(name=name, sources=list(LIBRARY_SOURCES), extra_cflags=flags(), extra_ldflags=["-fopenmp"],
                            build_directory=scratch, is_python_module=False, verbose=False)
-        os.replace(os.path.join(scratch, name + ".so"), library)
+        place_artifact(os.path.join(scratch, name + ".so"), library)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
