@@ -214,7 +214,7 @@ async def test_step_exception_shows_a_panel_and_the_profile_is_still_saved(make_
         await pilot.press("space")
         await settle(app, pilot)
 
-        def broken():
+        def broken(k=None):
             raise RuntimeError("out of cheese")
 
         app.backend.run.step = broken
