@@ -193,11 +193,24 @@ def check_greedy_speculative_on(kernel: str, small_llama_pair, draft=None, where
             llama.uninstall(lm.model)
 
 
+@pytest.fixture(scope="module")
+def compiled_runners(small_llama_pair):
+    """The pair's compiled forwards, built once for the module's law tests (each build compiles every function of
+    one row and of several)."""
+    runners = []
+    for lm in small_llama_pair:
+        assert fast_path.prepare(lm, "on").mode == "compiled"
+        runners.append(llama.runner_for(lm.model))
+        llama.uninstall(lm.model)  # installed again by each test (compiled_pair): other tests use these models
+    return runners
+
+
 @pytest.fixture
-def compiled_pair(small_llama_pair):
+def compiled_pair(small_llama_pair, compiled_runners):
+    """The pair on its compiled forwards for one test: the runners that compiled_runners built, installed."""
     target, draft = small_llama_pair
-    for lm in (target, draft):
-        fast_path.prepare(lm, "on")
+    for lm, runner in zip((target, draft), compiled_runners):
+        llama.register(lm.model, runner)
     yield target, draft
     for lm in (target, draft):
         llama.uninstall(lm.model)
