@@ -74,12 +74,18 @@ LONGEST_FIRST = (
 
 # make test-fast (-m "not slow") leaves out what takes minutes and changes least often: the exact-law and check files
 # (thousands of sampled runs a test), the compiled path (inductor and AOT builds: every test whose skip says it
-# cannot compile here), a kernel library built again from its sources, the fuzzers' examples.
+# cannot compile here), a kernel library built again from its sources, the fuzzers' examples, the bundled model
+# (converted and quantized once a session), and the longest runs of a whole command in a process of its own (real
+# signals, a load of 16 clients, a pair built at size).
 SLOW = ("tests/engine/test_lossless.py", "tests/engine/test_policies.py", "tests/engine/test_trees.py",
         "tests/engine/test_law_default_path.py", "tests/engine/test_device_rules.py", "tests/cpu/test_compiled.py",
         "tests/cpu/test_background_build.py", "tests/analysis/test_check.py", "tests/fuzz/",
         "tests/cpu/test_thin_kernels.py::test_a_damaged_library_is_built_again",
-        "tests/cpu/test_thin_kernels.py::test_the_paths_other_cpus_take_compute_the_same_products")
+        "tests/cpu/test_thin_kernels.py::test_the_paths_other_cpus_take_compute_the_same_products",
+        "tests/models/test_bundled.py", "tests/drafters/test_drafters.py::test_an_int4_target_drafts_with_ngram",
+        "tests/eval/test_eval.py::test_a_real_sigint", "tests/cli/test_cli.py::test_real_signal_mid_run",
+        "tests/serve/test_serve.py::test_load_from_16_clients", "tests/cli/test_bad_input.py::test_truncated_safetensors",
+        "tests/bench/test_bench_pair.py::test_build_pair_writes_a_loadable_pair")
 
 
 def _needs_a_compiler(item) -> bool:
