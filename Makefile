@@ -5,7 +5,7 @@ STAMP   := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test fuzz stress bench bench-gpt2 bench-llamacpp engines bench-copy eval fidelity results gpu-smoke lint check \
+.PHONY: install run test test-fast fuzz stress bench bench-gpt2 bench-llamacpp engines bench-copy eval fidelity results gpu-smoke lint check \
 	clean
 
 install: $(STAMP)
@@ -24,10 +24,19 @@ run: install
 	.venv/bin/specview $(ARGS)
 
 # Two workers: the exact-law, check, compiled-path and tree tests are spread one by one, every other file runs whole on
-# one worker as written (tests/conftest.py, SPREAD). SPECVIEW_SKIP_GATE=1: prints the skip count, and a skip for a reason
-# tests/conftest.py does not list in EXPECTED_SKIPS (an optional extra, hardware, platform) fails the run.
+# one worker as written (tests/conftest.py, SPREAD), the longest first (LONGEST_FIRST; --no-loadscope-reorder keeps
+# that order, where xdist would order the files by their number of tests). SPECVIEW_SKIP_GATE=1: prints the skip count,
+# and a skip for a reason tests/conftest.py does not list in EXPECTED_SKIPS (an optional extra, hardware, platform)
+# fails the run.
+XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 test: install
-	SPECVIEW_SKIP_GATE=1 $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 tests
+	SPECVIEW_SKIP_GATE=1 $(PY) -m pytest -q $(XDIST) --durations=15 tests
+
+# The inner loop: the suite without the tests marked slow (tests/conftest.py, SLOW: the exact-law and check files, the
+# compiled path's builds, a kernel library's rebuild, the fuzzers). make test before a commit that touches the engine,
+# sampling, a drafter, cpu/ or the compiled path, and before every merge.
+test-fast: install
+	SPECVIEW_SKIP_GATE=1 $(PY) -m pytest -q $(XDIST) -m "not slow" --durations=10 tests
 
 # The fuzz tests' long form (make test runs them short, seeded): random seeds, 20x the examples, each test
 # stopped after FUZZ_SECONDS. The HTTP API from its OpenAPI schema (schemathesis), every parser, the files

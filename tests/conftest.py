@@ -26,6 +26,17 @@ atexit.register(shutil.rmtree, os.environ["SPECVIEW_CACHE_DIR"], True)
 _KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "test-thinmm")
 os.makedirs(_KERNELS, exist_ok=True)
 os.symlink(_KERNELS, os.path.join(os.environ["SPECVIEW_CACHE_DIR"], "thinmm"))
+# And so is compiled code: inductor's cache (its FX graphs, kernels and the precompiled header every AOT package's
+# wrapper is built against) and the AOT packages (aot_compile.aot_dir). Both are keyed by all they were built from and
+# written whole (os.replace; the packages flock'ed), so the two workers of a run build each graph and package once,
+# and a later session of the checkout loads them, as a user's second start does. One folder per version of
+# specview/cpu's code (build_cache.py). The tests of building itself give it a folder of their own (tmp_path).
+from build_cache import kept_folder  # noqa: E402
+
+_COMPILED = kept_folder("test-compiled")
+for _name in ("inductor", "aot"):
+    (_COMPILED / _name).mkdir(exist_ok=True)
+    os.symlink(_COMPILED / _name, os.path.join(os.environ["SPECVIEW_CACHE_DIR"], _name))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -46,11 +57,62 @@ SPREAD = {"test_lossless.py", "test_policies.py", "test_compiled.py", "test_tree
           "test_background_build.py", "test_device_rules.py"}
 
 
+# The order the workers take the work in (make test passes --no-loadscope-reorder, else xdist orders the groups by
+# their number of tests): the longest first, so the run does not end on one worker still inside a long group while
+# the other has nothing left. Where a test or a file is not long, its builds are (AOT packages, inductor, kernels).
+LONGEST_FIRST = (
+    "tests/engine/test_law_default_path.py",  # builds the default path's AOT packages, then samples the law
+    "tests/cpu/test_thin_kernels.py",  # compiled forwards on the kernels, a library built again
+    "tests/cpu/test_compiled.py::test_ahead_of_time_packages",
+    "tests/engine/test_trees.py::test_one_forward_over_the_tree_gives_each_path_its_logits",
+    "tests/cpu/test_compiled.py::test_the_one_row_layer",
+    "tests/cpu/test_onnx_mlas.py",
+    "tests/fuzz/test_fuzz_serve_inputs.py",
+    "tests/engine/test_engine.py",
+    "tests/eval/test_eval.py",
+)
+
+# make test-fast (-m "not slow") leaves out what takes minutes and changes least often: the exact-law and check files
+# (thousands of sampled runs a test), the compiled path (inductor and AOT builds: every test whose skip says it
+# cannot compile here), a kernel library built again from its sources, the fuzzers' examples, the bundled model
+# (converted and quantized once a session), and the longest runs of a whole command in a process of its own (real
+# signals, a load of 16 clients, a pair built at size).
+SLOW = ("tests/engine/test_lossless.py", "tests/engine/test_policies.py", "tests/engine/test_trees.py",
+        "tests/engine/test_law_default_path.py", "tests/engine/test_device_rules.py", "tests/cpu/test_compiled.py",
+        "tests/cpu/test_background_build.py", "tests/analysis/test_check.py", "tests/fuzz/",
+        "tests/cpu/test_thin_kernels.py::test_a_damaged_library_is_built_again",
+        "tests/cpu/test_thin_kernels.py::test_the_paths_other_cpus_take_compute_the_same_products",
+        "tests/models/test_bundled.py", "tests/drafters/test_drafters.py::test_an_int4_target_drafts_with_ngram",
+        "tests/eval/test_eval.py::test_a_real_sigint", "tests/cli/test_cli.py::test_real_signal_mid_run",
+        "tests/serve/test_serve.py::test_load_from_16_clients", "tests/cli/test_bad_input.py::test_truncated_safetensors",
+        "tests/bench/test_bench_pair.py::test_build_pair_writes_a_loadable_pair")
+
+
+def _needs_a_compiler(item) -> bool:
+    """A test of the compiled path (its skip says it cannot compile here): it builds with inductor."""
+    return any(mark.name == "skipif" and "compile" in str(mark.kwargs.get("reason", ""))
+               for mark in item.iter_markers())
+
+
+def _rank(item) -> int:
+    for i, prefix in enumerate(LONGEST_FIRST):
+        if item.nodeid.startswith(prefix):
+            return i
+    return len(LONGEST_FIRST) + (item.path.name in SPREAD)  # then the other files, the tests spread one by one last
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: left out by make test-fast (tests/conftest.py, SLOW)")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name not in SPREAD:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
+        if item.nodeid.startswith(SLOW) or _needs_a_compiler(item):
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=_rank)  # stable: each file's tests stay in their order
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ SPECVIEW_AOT=0); here both are lifted, the models load through the loader's spec
 `run`'s does, and transformers' forward is made to fail while sampling, so the law cannot be measured on it by
 mistake. The law test and its power controls are test_lossless.py's (tests/support/laws.py)."""
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from build_cache import kept_folder
 from laws import SAMPLES, decoder_counts, exact_joint, tv, tv_threshold
 
 import specview.engine.accept_rule as accept_rule
@@ -22,7 +22,6 @@ from specview.cpu import forward_choice
 from specview.cpu.forward import aot_compile, llama
 from specview.session import open_session
 
-ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 8  # 8^3 sequences of three tokens: the joint law is enumerated
 HEAD_ROWS = 16  # logits past the tokenizer's 8 (sliced off): the int4 kernel takes output rows 16 at a time
 # The first session of a checkout, or the first after an edit of the forward's code, builds the two models' packages
@@ -34,22 +33,18 @@ pytestmark = pytest.mark.timeout(1200)
 def user_cache() -> Path:
     """The cache folder of this file's sessions, kept between the test sessions of a checkout like thinmm's library
     (conftest.py): what a user's cache holds after a first start (the AOT packages, the kernels each probe chose),
-    one folder per version of the forward's code (the older ones removed). A probe's choice of kernel changes what
+    one folder per version of the forward's code (build_cache.kept_folder). A probe's choice of kernel changes what
     a package is built for, so the choices are kept with the packages: later sessions load, as a user's second
     start does. Each package's own name carries the digests of the files it was built from besides."""
-    code = sorted(p for p in (ROOT / "specview" / "cpu").rglob("*") if p.suffix in (".py", ".cpp"))
-    code.append(ROOT / "specview" / "models" / "int4.py")
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in code)).hexdigest()[:16]
-    parent = ROOT / "build" / "test-default-path"
-    for old in parent.glob("*") if parent.is_dir() else ():
-        if old.name != digest:
-            shutil.rmtree(old, ignore_errors=True)
-    folder = parent / digest
-    folder.mkdir(parents=True, exist_ok=True)
-    kernels = folder / "thinmm"  # the session's thinmm build folder (conftest.py), not a second build of it
-    if kernels.is_symlink():
-        kernels.unlink()
-    kernels.symlink_to(os.path.realpath(Path(os.environ["SPECVIEW_CACHE_DIR"]) / "thinmm"))
+    folder = kept_folder("test-default-path")
+    # the session's thinmm build folder and inductor cache (conftest.py), not a second build of either
+    for shared in ("thinmm", "inductor"):
+        link = folder / shared
+        if link.is_symlink():
+            link.unlink()
+        elif link.exists():  # a folder of its own, from before the sessions shared one
+            shutil.rmtree(link)
+        link.symlink_to(os.path.realpath(Path(os.environ["SPECVIEW_CACHE_DIR"]) / shared))
     return folder
 
 
@@ -73,6 +68,10 @@ def session(tmp_path_factory):
         # The probe's verdict (a timing on this machine, not under test) is the one a user of a faster compiled
         # forward gets: without it, a slow moment of the machine could put the models on transformers' forward.
         mp.setattr(forward_choice, "_probe_forward", lambda lm, runner, *rest: (1.0, 10.0))
+        # The one-row product's probe (a timing too) finds a tie, so the first candidate, the compiled reduce, is
+        # the one built and sampled: the real probe builds every candidate's one-row functions to time them, the
+        # most of a first session's builds, and its pick would change with the machine's load.
+        mp.setattr(forward_choice, "_probe_one_row", lambda runner, kinds, *rest: dict.fromkeys(kinds, 1.0))
         # background=False: a machine that has settled the forward (every start but the first) installs it before
         # the first step, as here; the first start's build on a thread of its own would swap it in mid-sampling.
         opened = open_session(settings, background=False)
@@ -98,6 +97,7 @@ def test_the_session_runs_both_models_compiled_ahead_of_time(session):
         assert session.forwards[lm.spec]["mode"] == "compiled", session.forwards[lm.spec]["why"]
         runner = llama.runner_for(lm.model)
         assert runner is not None and runner.backend == "aot"
+    assert llama.runner_for(session.target.model).gemv == "reduce"  # the one-row probe's tie (the fixture)
     assert {p["dtype"] for p in session.forwards[session.target.spec]["pieces"].values()} == {"float32"}
     assert session.forwards[session.draft.spec]["pieces"]["head"]["dtype"] == "int4"  # `+head`: the head too
     chosen, default = session.settings, Settings()
