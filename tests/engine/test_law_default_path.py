@@ -18,7 +18,7 @@ from laws import SAMPLES, decoder_counts, exact_joint, tv, tv_threshold
 import specview.engine.accept_rule as accept_rule
 import tiny
 from specview.core.settings import Settings
-from specview.cpu import fast_path
+from specview.cpu import forward_choice
 from specview.cpu.forward import aot_compile, llama
 from specview.session import open_session
 
@@ -72,7 +72,8 @@ def session(tmp_path_factory):
         mp.setenv("SPECVIEW_CACHE_DIR", str(user_cache()))
         # The probe's verdict (a timing on this machine, not under test) is the one a user of a faster compiled
         # forward gets: without it, a slow moment of the machine could put the models on transformers' forward.
-        mp.setattr(fast_path, "_probe_forward", lambda lm, runner, *rest: (1.0, 10.0))
+        mp.setattr(forward_choice, "_probe_forward",
+                   lambda lm, runner, *rest: forward_choice.Probe({"compiled": 1.0, "eager": 10.0}, 7, True))
         # background=False: a machine that has settled the forward (every start but the first) installs it before
         # the first step, as here; the first start's build on a thread of its own would swap it in mid-sampling.
         opened = open_session(settings, background=False)
