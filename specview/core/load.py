@@ -135,8 +135,13 @@ def provisional(entry: dict | None) -> bool:
     return not (isinstance(load, dict) and load.get("quiet") is True)
 
 
+retake_all = False  # `specview doctor --retake`: every kept verdict this process reaches is taken again
+
+
 def retake(entry: dict | None, threads: int) -> bool:
-    """Whether to take a kept verdict again now: it is provisional and the machine is quiet now."""
+    """Whether to take a kept verdict again now: it is provisional and the machine is quiet now (or doctor asks)."""
+    if retake_all:
+        return isinstance(entry, dict)
     return isinstance(entry, dict) and provisional(entry) and bool(quiet_now(threads).get("quiet"))
 
 

@@ -145,6 +145,7 @@ commands:
   specview check [OPTIONS]    is this pair's output the target's? (greedy + distribution test)
   specview calibrate [OPTS]   this machine's cost curve: target ms by rows, draft ms per token
   specview whatif PROFILE     replay a profile recorded with --record-dists at other K, policies, drafters
+  specview doctor [--retake]  the forward and kernels kept for this machine, their load and age; take them again
   specview serve [OPTIONS]    the engine behind HTTP (POST /generate, SSE streams, /metrics)
   specview --attach URL       the TUI on a running `specview serve`
 

@@ -178,7 +178,8 @@ def _decide(lm, mode: str, say, background: bool = False, release_as_made: bool 
     key = _key(model, "forward")
     decided = cached.get(key) if isinstance(cached.get(key), dict) else None
     if decided and load.retake(decided, torch.get_num_threads()):
-        say(f"{lm.spec}: the kept forward verdict was taken under load; the machine is quiet now: taking it again")
+        say(f"{lm.spec}: taking the kept forward verdict again ({load.describe(decided.get('load'))} when it was "
+            "taken)")
         decided = None
     # An eager verdict stands once it was taken against the forward's chosen one-row product and head ("one_row",
     # "head": written since those choices; an older verdict may have lost with a slower forward, and is taken again).
