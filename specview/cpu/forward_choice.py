@@ -238,8 +238,6 @@ def _decide(lm, mode: str, say, background: bool = False, release_as_made: bool 
     if not (background and choice == "eager") and load.replaces(cached.get(key), verdict):
         cached[key] = verdict
         host.store_cached(CHOICE_FILE, cached)
-    if load.provisional(verdict):
-        why += "; provisional: taken again at the next quiet start"
     if choice == "eager":
         del runner  # its copies go as the originals come back: restore frees each once it is rebuilt
         restore_originals(model)
@@ -249,11 +247,10 @@ def _decide(lm, mode: str, say, background: bool = False, release_as_made: bool 
 
 
 def kept_why(decided: dict, default: str) -> str:
-    """A kept verdict's why, and where it was taken under load, that it is provisional."""
+    """A kept verdict's why (its figures and load since loads are recorded; an older one's: that it says no load).
+    Whether it is provisional, the choice says (ForwardChoice.provisional)."""
     why = decided.get("why", default)
-    if load.provisional(decided):
-        why += f"; kept verdict {load.describe(decided.get('load'))}: provisional, taken again at a quiet start"
-    return why
+    return why if isinstance(decided.get("load"), dict) else f"{why}; {load.describe(None)}"
 
 
 def _family(model) -> tuple[type, str | None]:

@@ -130,6 +130,7 @@ def test_a_provisional_forward_verdict_serves_under_load_and_is_taken_again_when
     """The chooser's own verdict (kernels.json): an eager one taken under load is what a start under load runs, and
     says it is provisional; a quiet start takes it again (a run, the TUI and serve: in the background build)."""
     from specview.cpu.forward import aot_compile
+    from specview.profiling.profile import describe_forward
 
     if aot_compile.unavailable_reason():
         pytest.skip(aot_compile.unavailable_reason())
@@ -148,7 +149,8 @@ def test_a_provisional_forward_verdict_serves_under_load_and_is_taken_again_when
     monkeypatch.setenv("SPECVIEW_LOAD", "busy")
     assert not forward_choice._first_time(target)
     choice = forward_choice.prepare(target, "auto")
-    assert choice.mode == "eager" and "provisional" in choice.why and "1516.7" in choice.why
+    assert choice.mode == "eager" and choice.provisional and "1516.7" in choice.why
+    assert "provisional" in describe_forward(target.spec, choice.to_json())
     monkeypatch.setenv("SPECVIEW_LOAD", "quiet")
     assert forward_choice._first_time(target)  # a background start builds and probes it again
     host.store_cached(forward_choice.CHOICE_FILE, {key: {
