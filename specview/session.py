@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specview.core import host
+from specview.core import host, load
 from specview.core.draft_spec import DraftSpec, parse_drafts
 from specview.core.errors import SpecviewError
 from specview.core.events import EVENTS_SCHEMA
@@ -159,8 +159,10 @@ def open_session(settings: Settings, on_progress: Callable[[str], None] | None =
     if problem:  # before the load, not after it
         raise SpecviewError(f"--prompt is not text: {problem}")
     specs = parse_drafts(settings.draft) if with_draft else []  # a bad spec fails here, before the load
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
+    # torch's own default takes every core: an OpenMP team then waits at each barrier for a thread that shares its
+    # core with anything else (a niced loop made the default run several times slower). One core is left free; a
+    # count the process was given already (OMP_NUM_THREADS, the test suite's 1) is not raised.
+    torch.set_num_threads(settings.threads or min(torch.get_num_threads(), load.default_threads()))
     device = resolve_device(settings.device)
     notes: list[str] = []
     int4_problem, default_problem = (None, None) if settings.device_map else int4_problems(device)
@@ -258,6 +260,13 @@ def builds_in_flight() -> dict[str, str]:
     from specview.cpu.fast_path import build_status
 
     return build_status()
+
+
+def forwards_taken() -> list[tuple[str, dict]]:
+    """(spec, choice) of each forward a background build settled since the last call (run -v says why it runs)."""
+    from specview.cpu.fast_path import forwards_taken as taken
+
+    return taken()
 
 
 def unfinished_builds() -> list[str]:

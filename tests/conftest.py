@@ -15,6 +15,9 @@ os.environ["SPECVIEW_COMPILE"] = "0"
 # The compiled path runs through torch.compile here: an ahead-of-time package costs ~10-25 s to build per
 # function and tiny shape. tests/cpu/test_compiled.py builds one model's packages and checks them.
 os.environ["SPECVIEW_AOT"] = "0"
+# Every measurement counts as quiet (specview/core/load.py): a kept verdict must not be taken again, or not, by what
+# else the machine runs meanwhile (the other worker). tests/core/test_load.py sets what it tests.
+os.environ["SPECVIEW_LOAD"] = "quiet"
 # The converted-weights cache (specview/models/gguf_cache.py) of a test session lives in a temp folder:
 # tests never read or fill the user's ~/.cache/specview (the bundled model is converted once per session).
 os.environ["SPECVIEW_CACHE_DIR"] = tempfile.mkdtemp(prefix="specview-test-cache-")

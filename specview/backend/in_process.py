@@ -49,6 +49,7 @@ class EngineBackend(Backend):
             drafters=[d.spec for d in session.drafters],
             prompt_pieces=[piece_in_context(tok.decode, ids[max(0, i - CONTEXT): i], ids[i]) for i in range(len(ids))],
             roofline=recorder.meta.get("roofline"),
+            forwards=dict(session.forwards),
         )
         return info, self.new_run()
 

@@ -26,6 +26,7 @@ class SessionInfo:
     drafters: list[str] = field(default_factory=list)  # every drafter's spec; `d` cycles through them
     prompt_pieces: list[str] = field(default_factory=list)  # the prompt's tokens as text (n-gram sources)
     roofline: dict | None = None  # bandwidth and each model's bytes per forward (profiling.roofline.session_roofline)
+    forwards: dict = field(default_factory=dict)  # model spec -> which forward runs and why (ForwardChoice.to_json)
 
     @property
     def greedy(self) -> bool:

@@ -36,6 +36,7 @@ from specview.bench.metrics import (
 )
 from specview.bench.schema import BENCH_SCHEMA, METHOD_ORDER, PEER_METHODS, peer_names
 from specview.bench.tables import ordered, render
+from specview.core import load
 from specview.core.errors import SpecviewError
 from specview.core.files import write_json_atomic
 from specview.core.policies import parse_policies
@@ -83,7 +84,11 @@ def _bench(args, stop: Stop) -> int:
                 else:
                     progress.update(task, description=label)
 
-            interrupted = run_rounds(methods, plan, args.num_runs, records, on_run, stop)
+            threads = torch.get_num_threads()
+            loads = {"before": load.sample_now(threads)}  # the runs' load: others' busy cores (core/load.py)
+            with load.watch(threads) as during:
+                interrupted = run_rounds(methods, plan, args.num_runs, records, on_run, stop)
+            loads.update(during=during.load, after=load.sample_now(threads))
         finally:  # the peers' servers (llama-server) stop with bench, whatever ends it
             for method in methods.values():
                 if hasattr(method, "close"):
@@ -94,6 +99,7 @@ def _bench(args, stop: Stop) -> int:
     records = {key: runs[:complete] for key, runs in records.items()}  # whole rounds only
     peer_info = {name: m.info for name, m in methods.items() if hasattr(m, "info")}
     doc = build_doc(session, args, ks, records, load_start, peer_info, skipped)
+    doc["load"] = {**loads, "exceeded_free_cores": not loads["during"]["quiet"]}
     if interrupted:
         doc["interrupted_after_rounds"] = complete
     stdout.print(render(doc))

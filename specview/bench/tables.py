@@ -33,6 +33,9 @@ def render(doc: dict) -> Group:
     machine = (f"{meta.get('cpu')} · {meta.get('device')} · {meta.get('threads')} threads"
                + (f" · load average {load[0]:.2f} at start" if load else ""))
     parts = [Text(head, style="bold"), Text(machine, style="dim") if meta else Text("")]
+    said = load_text(doc.get("load"))
+    if said is not None:
+        parts.append(said)
     forwards = forwards_text(meta)
     if forwards is not None:
         parts.append(forwards)
@@ -52,10 +55,31 @@ def render(doc: dict) -> Group:
     if isinstance(doc.get("roofline"), dict):
         parts.append(roofline_table(doc["roofline"]))
     parts += diagnosis_parts(diagnose(Figures.from_bench(doc)))
+    if (doc.get("load") or {}).get("exceeded_free_cores"):
+        parts.append(Text("the machine was busy during these runs (others took more than the cores its threads left "
+                          "free): the figures are slower than this machine's, and the methods' ratios may be off",
+                          style="yellow"))
     if doc.get("interrupted_after_rounds") is not None:
         parts.append(Text(f"interrupted: results from {doc['interrupted_after_rounds']} complete rounds",
                           style="yellow"))
     return Group(*parts)
+
+
+def load_text(loads) -> Text | None:
+    """The load during the runs (bench's `load`, core/load.py), before and after: flagged where it exceeded the free
+    cores. None for a bench file written before loads were recorded."""
+    if not isinstance(loads, dict) or not isinstance(loads.get("during"), dict):
+        return None
+    from specview.core.load import describe
+
+    text = f"load during the runs: {describe(loads['during'])}"
+    edges = [f"{when} {(loads[when] or {}).get('others_cores')}" for when in ("before", "after")
+             if isinstance(loads.get(when), dict) and loads[when].get("others_cores") is not None]
+    if edges:
+        text += f" (others' busy cores {', '.join(edges)})"
+    if loads.get("exceeded_free_cores"):
+        return Text(text + ": EXCEEDED the free cores", style="bold yellow")
+    return Text(text, style="dim")
 
 
 def methods_table(doc: dict) -> Table:

@@ -16,7 +16,7 @@ from specview.core.exits import exit_now
 # name -> the module of that command: parse(argv) -> args, run(args) -> exit code. A command module imports nothing
 # heavy until run(): `--help` and usage errors stay instant (tests/test_layering.py checks every command).
 COMMANDS = {name: f"specview.cli.{name}" for name in
-            ("run", "bench", "report", "eval", "check", "serve", "calibrate", "whatif")}
+            ("run", "bench", "report", "eval", "check", "serve", "calibrate", "whatif", "doctor")}
 SUBCOMMANDS = tuple(COMMANDS)
 DEFAULT = "specview.cli.tui"  # no command: the TUI
 

@@ -141,6 +141,8 @@ def run_command(args) -> int:
                             switched = ", ".join(f"{role} {mode}" for role, mode in step.forwards.items())
                             err_console.print(f"\n[step {step.step}: the forward built in the background runs now: "
                                               f"{switched}]", soft_wrap=True, highlight=False, markup=False)
+                            if args.verbose:
+                                _say_taken(err_console)
                         forwards_seen = step.forwards
                     if not args.quiet:
                         console.print(_colour(step, method), end="")
@@ -172,6 +174,15 @@ def run_command(args) -> int:
         print(f"specview run: error: {save_error}", file=sys.stderr)
         return 2
     return 130 if stop else 0
+
+
+def _say_taken(err_console: Console) -> None:
+    """run -v: why each forward a background build settled runs (its probe's figures and load)."""
+    from specview.profiling.profile import describe_forward
+    from specview.session import forwards_taken
+
+    for spec, choice in forwards_taken():
+        err_console.print(describe_forward(spec, choice), soft_wrap=True, highlight=False, markup=False)
 
 
 def _record_dists(session, recorder, recorded, err_console: Console) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 
@@ -51,9 +50,11 @@ def tui_command(args) -> int:
 
 def engine_settings(settings):
     """The settings the engine child runs with: with --threads unset, one thread fewer than the cores this process
-    may use. torch's default takes every core, and its threads then wait on the screen's: on a 2-core machine the
-    load and every step became several times slower than with one engine thread."""
+    may use (every command's default, core/load.default_threads), said here: torch's own default takes every core,
+    and its threads then wait on the screen's: on a 2-core machine the load and every step became several times
+    slower than with one engine thread."""
     if settings.threads is not None:
         return settings
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return replace(settings, threads=max(1, cores - 1))
+    from specview.core.load import default_threads
+
+    return replace(settings, threads=default_threads())

@@ -91,8 +91,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default=DEFAULTS.device, choices=["auto", "cpu", "cuda", "mps"],
                    help="auto picks cuda, then mps, then cpu")
     g.add_argument("--threads", type=number_type(int, "--threads", lambda v: v >= 1, ">= 1"), default=DEFAULTS.threads,
-                   help="torch CPU threads (default: torch's choice, one per core; the TUI's engine one fewer, leaving a "
-                        "core to the screen)")
+                   help="torch CPU threads (default: one fewer than the cores, at least 1: a neighbour, or the TUI's "
+                        "screen, then takes the free core instead of one a thread of ours waits on)")
     g.add_argument("--device-map", default=DEFAULTS.device_map, metavar="auto|balanced|FILE.json",
                    help="spread the models' layers over several devices (transformers / accelerate device_map): "
                         "auto, balanced, or a JSON file mapping module names to devices; inputs go to the first "
@@ -145,6 +145,7 @@ commands:
   specview check [OPTIONS]    is this pair's output the target's? (greedy + distribution test)
   specview calibrate [OPTS]   this machine's cost curve: target ms by rows, draft ms per token
   specview whatif PROFILE     replay a profile recorded with --record-dists at other K, policies, drafters
+  specview doctor [--retake]  the forward and kernels kept for this machine, their load and age; take them again
   specview serve [OPTIONS]    the engine behind HTTP (POST /generate, SSE streams, /metrics)
   specview --attach URL       the TUI on a running `specview serve`
 

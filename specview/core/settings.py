@@ -65,7 +65,7 @@ class Settings:
     top_p: float = 1.0  # 1.0 = off
     seed: int = 0
     device: str = "auto"
-    threads: int | None = None  # torch intra-op threads; None = torch's default
+    threads: int | None = None  # torch intra-op threads; None = core/load.default_threads (one fewer than the cores)
     ignore_eos: bool = False
     profile_dir: str = "profiles"
     cache: bool = True  # use the converted-weights cache for .gguf models (--no-cache: off)

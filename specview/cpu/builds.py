@@ -21,6 +21,8 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
+from specview.cpu import fx_confine
+
 
 @dataclass
 class Build:
@@ -44,6 +46,7 @@ BUILD_NICENESS = 10  # added to the session's nice value: below every step it ru
 
 def start(model, spec: str, work, one_copy: bool) -> None:
     """Build `model`'s forward on a thread: `work(progress)` -> (choice, runner or None)."""
+    fx_confine.install()  # inductor's tracer, on the build's thread, must not patch the session's module calls
     build = Build(spec, None, one_copy)
 
     def progress(message: str) -> None:

@@ -77,6 +77,14 @@ def build_status() -> dict[str, str]:
     return builds.status()
 
 
+def forwards_taken() -> list[tuple[str, dict]]:
+    """Each (spec, choice) forward_choice.taken holds, handed over once."""
+    out = []
+    while forward_choice.taken:
+        out.append(forward_choice.taken.popitem())
+    return out
+
+
 def unfinished_build_notes() -> list[str]:
     """builds.unfinished_note for each build still in flight (run's last lines)."""
     return [builds.unfinished_note(spec, doing) for spec, doing in builds.status().items()]

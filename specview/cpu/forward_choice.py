@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specview.core import host
+from specview.core import host, load
 from specview.core.errors import SpecviewError
 from specview.cpu import builds
 from specview.cpu.forward import aot_compile, gpt2, llama, llama_layers
@@ -57,12 +57,15 @@ class ForwardChoice:
     compile_s: float | None = None  # time to compile (cold) or load from inductor's cache (warm)
     released_mb: float | None = None  # the originals one copy released (their packed copies serve every product)
     building: bool = False  # eager for now: the compiled forward is being built in the background (builds.py)
+    provisional: bool = False  # its verdict was taken under load: taken again at the next quiet start (core/load.py)
 
     def to_json(self) -> dict:
         out = {"mode": self.mode, "why": self.why, "pieces": self.pieces, "compile_s": self.compile_s,
                "released_mb": self.released_mb}
         if self.building:
             out["building"] = True
+        if self.provisional:
+            out["provisional"] = True
         return out
 
 
@@ -124,10 +127,12 @@ def _too_big_to_double(lm, say) -> bool:
 
 
 def _first_time(lm) -> bool:
-    """Whether this model's forward is still to be settled here: it could run compiled, and no verdict is kept."""
+    """Whether this model's forward is still to be settled here: it could run compiled, and no verdict is kept, or
+    the one kept was taken under load and the machine is quiet now (core/load.py)."""
     if os.environ.get("SPECVIEW_COMPILE") == "0" or _family(lm.model)[1] or aot_compile.unavailable_reason():
         return False
-    return not isinstance(host.read_cached(CHOICE_FILE).get(_key(lm.model, "forward")), dict)
+    kept = host.read_cached(CHOICE_FILE).get(_key(lm.model, "forward"))
+    return not isinstance(kept, dict) or load.retake(kept, torch.get_num_threads())
 
 
 def take_ready(model) -> ForwardChoice | None:
@@ -142,7 +147,11 @@ def take_ready(model) -> ForwardChoice | None:
         llama.register(model, build.runner)
         if build.one_copy:
             build.choice.released_mb = round(build.runner.release_originals() / 2**20, 1)
+    taken[build.spec] = build.choice.to_json()
     return build.choice
+
+
+taken: dict[str, dict] = {}  # spec -> the choice of a background build taken between steps (run -v says it)
 
 
 def _decide(lm, mode: str, say, background: bool = False, release_as_made: bool = False
@@ -168,10 +177,15 @@ def _decide(lm, mode: str, say, background: bool = False, release_as_made: bool 
     cached = host.read_cached(CHOICE_FILE)
     key = _key(model, "forward")
     decided = cached.get(key) if isinstance(cached.get(key), dict) else None
+    if decided and load.retake(decided, torch.get_num_threads()):
+        say(f"{lm.spec}: taking the kept forward verdict again ({load.describe(decided.get('load'))} when it was "
+            "taken)")
+        decided = None
     # An eager verdict stands once it was taken against the forward's chosen one-row product and head ("one_row",
     # "head": written since those choices; an older verdict may have lost with a slower forward, and is taken again).
     if mode == "auto" and decided and decided.get("mode") == "eager" and decided.get("one_row") and "head" in decided:
-        return ForwardChoice("eager", decided.get("why", "a probe found it no faster compiled")), None
+        return (ForwardChoice("eager", kept_why(decided, "a probe found it no faster compiled"),
+                              provisional=load.provisional(decided)), None)
     if aot_compile.aot_enabled():
         say(f"loading {lm.spec}'s one-row forward (the first time on a machine, it is built: about 10 s a function)")
     else:
@@ -206,23 +220,37 @@ def _decide(lm, mode: str, say, background: bool = False, release_as_made: bool 
     head = runner.lm_head[0]
     if (decided and decided.get("mode") == "compiled" and decided.get("one_row") == runner.gemv
             and decided.get("head", "dense") == head):
-        return ForwardChoice("compiled", f"{decided.get('why', '')}; {how}", pieces, compile_s), runner
-    compiled_ms, eager_ms = _probe_forward(lm, runner, eager_ms)
+        return (ForwardChoice("compiled", f"{kept_why(decided, '')}; {how}", pieces, compile_s,
+                              provisional=load.provisional(decided)), runner)
+    with load.watch(torch.get_num_threads()) as watched:
+        probe = _probe_forward(lm, runner, eager_ms)
+    compiled_ms, eager_ms = probe.ms["compiled"], probe.ms["eager"]
     choice = "compiled" if compiled_ms < GAIN * eager_ms else "eager"
-    why = f"one-token forward {compiled_ms:.1f} ms compiled against {eager_ms:.1f} ms eager (probe)"
+    verdict = {"mode": choice, "compiled_ms": compiled_ms, "eager_ms": eager_ms, "one_row": runner.gemv,
+               "head": head, "rounds": probe.rounds, "separated": probe.separated, "load": watched.load,
+               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    verdict["why"] = why = (f"one-token forward {compiled_ms:.1f} ms compiled against {eager_ms:.1f} ms eager "
+                            f"({probe.said()}; {load.describe(watched.load)})")
     cached = host.read_cached(CHOICE_FILE)  # again: one_row_kernel stored its choice since the first read
     # A verdict timed beside a running session (a background build) is kept only when it is "compiled": the
-    # session's own forwards slow the compiled probe, and an eager verdict is never taken again.
-    if not (background and choice == "eager"):
-        cached[key] = {"mode": choice, "why": why, "compiled_ms": compiled_ms, "eager_ms": eager_ms,
-                       "one_row": runner.gemv, "head": head, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    # session's own forwards slow the compiled probe. One timed under load is provisional (taken again at the next
+    # quiet start), and never replaces a quiet one another process kept meanwhile.
+    if not (background and choice == "eager") and load.replaces(cached.get(key), verdict):
+        cached[key] = verdict
         host.store_cached(CHOICE_FILE, cached)
     if choice == "eager":
         del runner  # its copies go as the originals come back: restore frees each once it is rebuilt
         restore_originals(model)
-        return ForwardChoice("eager", why), None
+        return ForwardChoice("eager", why, provisional=load.provisional(verdict)), None
     packed_linear.drop_packs(model)  # the probe's packs for transformers' forward, which the compiled one never reads
-    return ForwardChoice("compiled", f"{why}; {how}", pieces, compile_s), runner
+    return ForwardChoice("compiled", f"{why}; {how}", pieces, compile_s, provisional=load.provisional(verdict)), runner
+
+
+def kept_why(decided: dict, default: str) -> str:
+    """A kept verdict's why (its figures and load since loads are recorded; an older one's: that it says no load).
+    Whether it is provisional, the choice says (ForwardChoice.provisional)."""
+    why = decided.get("why", default)
+    return why if isinstance(decided.get("load"), dict) else f"{why}; {load.describe(None)}"
 
 
 def _family(model) -> tuple[type, str | None]:
@@ -252,17 +280,18 @@ def _warm(runner) -> None:
     runner(torch.zeros(5, dtype=torch.long), cache, 5)  # a verify: the head of several rows
 
 
-def _probe_forward(lm, runner, eager_ms: float | None = None, rounds: int = 7) -> tuple[float, float]:
-    """Median one-token forward, compiled against transformers' (with fastlinear), interleaved; or the compiled one
-    alone where `eager_ms` was timed before the runner existed (_time_eager: a model too big to hold twice)."""
+def _probe_forward(lm, runner, eager_ms: float | None = None) -> Probe:
+    """Median one-token forward, compiled against transformers' (with fastlinear), interleaved until they separate;
+    or the compiled one alone where `eager_ms` was timed before the runner existed (_time_eager: a model too big to
+    hold twice)."""
     if eager_ms is not None:
-        return _median_ms({"compiled": _compiled_step(runner)}, rounds)["compiled"], eager_ms
-    times = _median_ms({"compiled": _compiled_step(runner), "eager": _eager_step(lm)}, rounds)
-    return times["compiled"], times["eager"]
+        alone = interleaved({"compiled": _compiled_step(runner)})
+        return Probe({**alone.ms, "eager": eager_ms}, alone.rounds, None)
+    return interleaved({"compiled": _compiled_step(runner), "eager": _eager_step(lm)})
 
 
-def _time_eager(lm, rounds: int = 7) -> float:
-    return _median_ms({"eager": _eager_step(lm)}, rounds)["eager"]
+def _time_eager(lm) -> float:
+    return interleaved({"eager": _eager_step(lm)}).ms["eager"]
 
 
 def _compiled_step(runner):
@@ -297,18 +326,53 @@ def _eager_step(lm):
     return step
 
 
-def _median_ms(steps: dict, rounds: int) -> dict[str, float]:
-    """Each step's median time in ms over `rounds` rounds, the steps interleaved within a round (the first round
-    warms up)."""
+@dataclass
+class Probe:
+    """interleaved's result: each candidate's median ms, the rounds timed, and whether the fastest separated from
+    the rest (None: one candidate, nothing to separate)."""
+
+    ms: dict
+    rounds: int
+    separated: bool | None
+
+    def said(self) -> str:
+        if self.separated is False:
+            return f"probe, {self.rounds} rounds: they did not separate"
+        return f"probe, {self.rounds} rounds"
+
+
+MIN_ROUNDS, MAX_ROUNDS = 7, 35  # rounds a probe times at least, and at most while its candidates do not separate
+PROBE_BUDGET_S = 20.0  # ...or until this long has gone by
+
+
+def interleaved(steps: dict, min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS,
+                budget_s: float = PROBE_BUDGET_S) -> Probe:
+    """Each step's median ms, the steps interleaved round by round (a machine whose speed drifts moves them alike;
+    the first round warms up), repeated past `min_rounds` until the fastest separates from the next (separated),
+    up to `max_rounds` or `budget_s`."""
     times: dict[str, list[float]] = {name: [] for name in steps}
+    t_start = time.perf_counter()
     with torch.inference_mode(), packed_linear.active():
-        for i in range(rounds + 1):
+        for i in range(max_rounds + 1):
             for name, step in steps.items():
                 t0 = time.perf_counter()
                 step()
                 if i:
                     times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(values) * 1000 for name, values in times.items()}
+            if i >= min_rounds and (separated(times) is not False or time.perf_counter() - t_start > budget_s):
+                break
+    rounds = min(len(values) for values in times.values())
+    return Probe({name: statistics.median(values) * 1000 for name, values in times.items()}, rounds, separated(times))
+
+
+def separated(times: dict[str, list[float]]) -> bool | None:
+    """Whether the candidate of the lowest median is apart from the next: its upper quartile below the next one's
+    lower quartile (None for one candidate)."""
+    if len(times) < 2:
+        return None
+    ranked = sorted(times.values(), key=statistics.median)
+    fastest, next_one = (statistics.quantiles(values, n=4) for values in ranked[:2])
+    return fastest[2] < next_one[0]
 
 
 def one_row_kernel(model, runner, say=lambda msg: None) -> str:
@@ -332,35 +396,39 @@ def one_row_kernel(model, runner, say=lambda msg: None) -> str:
         named += "/int8 head"
     cached = host.read_cached(CHOICE_FILE)
     key = f"{_key(model, 'one_row_forward')}/{named}/{packed_linear.probe_label()}"
-    if isinstance(cached.get(key), dict) and cached[key].get("kernel") in kinds:
+    if (isinstance(cached.get(key), dict) and cached[key].get("kernel") in kinds
+            and not load.retake(cached[key], torch.get_num_threads())):
         return cached[key]["kernel"]
     say(f"timing the one-token forward with each one-row product ({', '.join(kinds)}): once on a machine")
-    ms = _probe_one_row(runner, kinds)
-    kernel = min(ms, key=ms.get)
+    with load.watch(torch.get_num_threads()) as watched:
+        probe = _probe_one_row(runner, kinds)
+    kernel = min(probe.ms, key=probe.ms.get)
+    verdict = {"kernel": kernel, **{f"{name}_ms": value for name, value in probe.ms.items()}, "rounds": probe.rounds,
+               "separated": probe.separated, "load": watched.load, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     cached = host.read_cached(CHOICE_FILE)
-    cached[key] = {"kernel": kernel, **{f"{name}_ms": value for name, value in ms.items()},
-                   "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    host.store_cached(CHOICE_FILE, cached)
+    if load.replaces(cached.get(key), verdict):
+        cached[key] = verdict
+        host.store_cached(CHOICE_FILE, cached)
     return kernel
 
 
-def _probe_one_row(runner, kinds: tuple[str, ...], rounds: int = 9) -> dict[str, float]:
+def _probe_one_row(runner, kinds: tuple[str, ...]) -> Probe:
     """{kind: median ms} of `runner`'s one-token forward after a 16-token prefix with each one-row product,
-    interleaved round by round (a machine whose speed drifts moves them alike). The first round builds (or
-    loads) each kind's one-row functions and is not counted."""
+    interleaved round by round until they separate (interleaved). The first round builds (or loads) each kind's
+    one-row functions and is not counted."""
     cache = runner.new_cache()
-    runner(torch.zeros(16, dtype=torch.long), cache, 1)
+    with torch.inference_mode():
+        runner(torch.zeros(16, dtype=torch.long), cache, 1)
     one = torch.zeros(1, dtype=torch.long)
-    times: dict[str, list[float]] = {kind: [] for kind in kinds}
-    for i in range(rounds + 1):
-        for kind in kinds:
+
+    def step_with(kind: str):
+        def step() -> None:
             runner.set_one_row(kind, keep_others=True)
-            t0 = time.perf_counter()
             runner(one, cache, 1)
-            if i:
-                times[kind].append(time.perf_counter() - t0)
             cache.crop(-1)
-    return {kind: statistics.median(values) * 1000 for kind, values in times.items()}
+        return step
+
+    return interleaved({kind: step_with(kind) for kind in kinds}, min_rounds=9)
 
 
 def products_ms(model, rows: tuple[int, ...]) -> dict[str, float] | None:

@@ -100,9 +100,30 @@ def _max(a, b):
     return b if a is None else max(a, b)
 
 
+def forward_brief(choice: dict) -> str:
+    """Which forward runs and, in a few words, why: the TUI's status line ('compiled: probe', 'eager: probe,
+    provisional (taken under load)', 'eager: --compile off')."""
+    why = str(choice.get("why") or "")
+    if choice.get("building"):
+        reason = "the compiled one is being built"
+    elif why.startswith("one-token forward") or why.startswith("--compile on"):
+        reason = "probe" if why.startswith("one-token forward") else "--compile on"
+    elif why.startswith("not compiled:"):
+        reason = "cannot run compiled here"
+    elif why.startswith("the compiled forward could not be built") or why.startswith("the background build failed"):
+        reason = "the compiled build failed"
+    else:
+        reason = why.split(";")[0].split(" (")[0][:40]
+    if choice.get("provisional"):
+        reason += ", provisional (taken under load)"
+    return f"{choice.get('mode')}: {reason}"
+
+
 def describe_forward(spec: str, choice: dict) -> str:
     """One line for --verbose, the loading panel and report, from ForwardChoice.to_json()."""
     text = f"{spec}: forward {choice['mode']} ({choice['why']})"
+    if choice.get("provisional"):
+        text += " [provisional: its verdict was taken under load, and is taken again at the next quiet start]"
     if choice.get("released_mb"):
         text += f", one copy of each weight ({choice['released_mb']:,.0f} MiB of originals released)"
     if choice.get("compile_s") is not None:

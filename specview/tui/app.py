@@ -358,7 +358,7 @@ class SpecviewApp(App[None]):
             temperature=self.backend.temperature, device=self.info.device if self.info else "",
             rss_mb=last.memory_mb.get("rss") if narrow and last else None, run=self.run_index,
             drafter=self.backend.draft if self.info and len(self.info.drafters) > 1 else "",
-            forward=forward_label(self.views),
+            forward=forward_label(self.views, self.info),
         ))
         if self.info is not None:
             self.query_one(MainView).show(self.info, self.views, self.viewing, self.stats, self.backend.k,
@@ -375,15 +375,24 @@ class SpecviewApp(App[None]):
         self.call_after_refresh(self.redraw)  # widgets pick their full or compact form from the size
 
 
-def forward_label(views) -> str:
-    """The status line's word on a forward built in the background (steps record which forward they ran): building
-    while the run is on transformers' forward, then the step from which the built one runs."""
+def forward_label(views, info=None) -> str:
+    """The status line's word on the target's forward: which runs and why (profile.forward_brief: 'eager: probe,
+    provisional (taken under load)') until a background build is taken; building while the run is on transformers'
+    forward, then the step from which the built one runs (steps record which forward they ran)."""
     if not views or not views[-1].step.forwards:
-        return ""
+        return _chosen(info)
     if "building" in views[-1].step.forwards.values():
         return "forward building…"
     first = next((i for i, v in enumerate(views) if v.step.forwards and "building" not in v.step.forwards.values()),
                  None)
     if first is None or first == 0 or "compiled" not in views[first].step.forwards.values():
-        return ""
+        return _chosen(info)
     return f"compiled from step {first + 1}"
+
+
+def _chosen(info) -> str:
+    """'forward compiled: probe' for the target, from the session's choices (SessionInfo.forwards), or ''."""
+    from specview.profiling.profile import forward_brief
+
+    choice = (getattr(info, "forwards", None) or {}).get(getattr(info, "target", None))
+    return f"forward {forward_brief(choice)}" if isinstance(choice, dict) and choice.get("mode") else ""

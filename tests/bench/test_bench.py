@@ -325,3 +325,22 @@ def test_drafters_of_one_spec_share_its_model_and_every_model_is_prepared(gpt2_p
     models = [d.lm.model for d in session.drafters]
     assert len(models) == 2 and models[0] is models[1]
     assert {id(m) for m in prepared} == {id(session.target.model), id(models[0])} and len(prepared) == 2
+
+
+@pytest.mark.parametrize("said", ["quiet", "busy"])
+def test_bench_records_the_load_before_during_and_after_and_flags_a_busy_machine(capsys, models, tmp_path,
+                                                                                  monkeypatch, said):
+    """The load is said through SPECVIEW_LOAD (what the machine runs meanwhile must not decide a test): its record
+    and the flag follow it, in the JSON and in the table and summary."""
+    monkeypatch.setenv("SPECVIEW_LOAD", said)
+    code, out, err = run_cli(capsys, "bench", *models, "-N", "4", "--num-runs", "1", "--temperature", "0",
+                             "--json", str(tmp_path / "b.json"), "--no-profile")
+    assert code == 0, err
+    loads = json.loads((tmp_path / "b.json").read_text())["load"]
+    assert set(loads) == {"before", "during", "after", "exceeded_free_cores"}
+    assert loads["during"]["threads"] == torch.get_num_threads() and loads["during"]["cores"] >= 1
+    assert loads["exceeded_free_cores"] is (said == "busy") and loads["during"]["quiet"] is (said == "quiet")
+    text = " ".join(out.split())  # the table's lines wrap at the console's width
+    assert ("EXCEEDED the free cores" in text) is (said == "busy")
+    assert ("the machine was busy during these runs" in text) is (said == "busy")
+    assert "load during the runs" in text

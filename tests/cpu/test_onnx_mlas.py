@@ -174,7 +174,7 @@ def test_the_one_row_kernel_weighs_the_packed_copy_where_there_is_one(small_llam
     timed = {"reduce": 2.0, "mm": 3.0, "packed": 1.0}
     probed = []
     monkeypatch.setattr(forward_choice, "_probe_one_row", lambda runner, kinds: probed.append(kinds)
-                        or {kind: timed[kind] for kind in kinds})
+                        or forward_choice.Probe({kind: timed[kind] for kind in kinds}, 9, True))
     target, _ = small_llama_pair
     monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
     runner = llama.FastForward(target.model, compiled=True)

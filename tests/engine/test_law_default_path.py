@@ -67,11 +67,13 @@ def session(tmp_path_factory):
         mp.setenv("SPECVIEW_CACHE_DIR", str(user_cache()))
         # The probe's verdict (a timing on this machine, not under test) is the one a user of a faster compiled
         # forward gets: without it, a slow moment of the machine could put the models on transformers' forward.
-        mp.setattr(forward_choice, "_probe_forward", lambda lm, runner, *rest: (1.0, 10.0))
+        mp.setattr(forward_choice, "_probe_forward",
+                   lambda lm, runner, *rest: forward_choice.Probe({"compiled": 1.0, "eager": 10.0}, 7, True))
         # The one-row product's probe (a timing too) finds a tie, so the first candidate, the compiled reduce, is
         # the one built and sampled: the real probe builds every candidate's one-row functions to time them, the
         # most of a first session's builds, and its pick would change with the machine's load.
-        mp.setattr(forward_choice, "_probe_one_row", lambda runner, kinds, *rest: dict.fromkeys(kinds, 1.0))
+        mp.setattr(forward_choice, "_probe_one_row",
+                   lambda runner, kinds, *rest: forward_choice.Probe(dict.fromkeys(kinds, 1.0), 1, None))
         # background=False: a machine that has settled the forward (every start but the first) installs it before
         # the first step, as here; the first start's build on a thread of its own would swap it in mid-sampling.
         opened = open_session(settings, background=False)

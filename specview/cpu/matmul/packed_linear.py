@@ -42,7 +42,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from specview.core import host
+from specview.core import host, load
 from specview.cpu.matmul import onnx_mlas, thin_kernels
 
 MAX_ROWS = 1024  # packed wins at every size measured (1 to 512 rows: prefill too, ~2x); beyond, torch's path
@@ -136,16 +136,22 @@ def probe_seconds(dtype: torch.dtype, shape: tuple[int, int]) -> dict[str, float
 def kept_probe(key: str, kernels, measure, verdict) -> dict[str, float]:
     """A probe's figures ({kernel_one, kernel_rows: seconds} for each of `kernels`) kept in CHOICE_FILE under `key`:
     read back where every figure is there, else `measure()`d and stored with what `verdict(seconds)` says (the
-    kernel chosen: for whoever reads the file) and when."""
+    kernel chosen: for whoever reads the file), when and under what load (core/load.py: a verdict taken under load
+    is measured again at a quiet start, and never replaces a quiet one)."""
     names = [f"{kernel}_{rows}" for kernel in kernels for rows in ("one", "rows")]
     entry = host.read_cached(CHOICE_FILE).get(key)
-    if isinstance(entry, dict) and all(host.positive_number(entry.get(f"{name}_s")) for name in names):
+    threads = torch.get_num_threads()
+    if (isinstance(entry, dict) and all(host.positive_number(entry.get(f"{name}_s")) for name in names)
+            and not load.retake(entry, threads)):  # one taken under load is taken again at a quiet start
         return {name: entry[f"{name}_s"] for name in names}
-    seconds = measure()
+    with load.watch(threads) as watched:
+        seconds = measure()
+    new = {**{f"{name}_s": s for name, s in seconds.items()}, **verdict(seconds), "load": watched.load,
+           "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     cached = host.read_cached(CHOICE_FILE)  # again: another probe may have stored its figures meanwhile
-    cached[key] = {**{f"{name}_s": s for name, s in seconds.items()}, **verdict(seconds),
-                   "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    host.store_cached(CHOICE_FILE, cached)
+    if load.replaces(cached.get(key), new):
+        cached[key] = new
+        host.store_cached(CHOICE_FILE, cached)
     return seconds
 
 

@@ -57,7 +57,7 @@ class StatusLine(Widget):
         if s.drafter:
             parts.append((f"draft {s.drafter}", "bold"))
         if s.forward:
-            parts.append((s.forward, "yellow" if "building" in s.forward else "green"))
+            parts.append((s.forward, "yellow" if "building" in s.forward or "provisional" in s.forward else "green"))
         text = Text(no_wrap=True, overflow="ellipsis")
         for i, (part, style) in enumerate(parts):
             if i:
