@@ -131,8 +131,7 @@ def test_q_is_the_heads_law_in_the_target_vocabulary_and_zero_outside_the_draft_
     run = decoder.start([1, 5, 4, 2], 6)
     run._prefill()
     state = run._state(drafter)
-    context = run if hasattr(run, "timer") else decoder  # what a drafter is handed: the run (the decoder before)
-    proposal = drafter.propose(context, state, run.tokens, 3)
+    proposal = drafter.propose(run, state, run.tokens, 3)
     assert len(proposal) == 3
     outside = [3, 6]
     assert torch.all(proposal.q[:, outside] == 0)
@@ -175,9 +174,10 @@ def test_the_heads_cached_rows_equal_its_training_forward(target, head_path):
 
 @pytest.mark.parametrize("shape", ["", ";tree:b=2,d=3", ";tree:nodes=5", ";tree:b=2,d=3,w=1"])
 def test_greedy_speculative_decoding_gives_the_autoregressive_tokens(target, head_path, shape):
+    from specview.core.draft_spec import parse_draft
     from specview.drafters.specs import build
 
-    drafter = build(f"eagle3:{head_path}{shape}", target, lambda spec: None, [1, 5])
+    drafter = build(parse_draft(f"eagle3:{head_path}{shape}"), target, lambda spec: None, [1, 5])
     greedy = SamplingConfig(temperature=0.0)
     for prompt in ([1, 5], [1, 5, 4, 2, 5, 4], [1]):
         expected, _ = generate(Decoder(target, None, greedy, k=3, ignore_eos=True), prompt, 20)
@@ -206,12 +206,14 @@ def test_a_head_that_takes_over_a_run_reads_the_text_by_a_forward_of_its_own(tar
 def test_the_compiled_forward_hands_the_same_states_as_transformers(target, target_path, tmp_path):
     """The engine's own forward (cpu/forward/llama.py) keeps the aux layers' inputs from its loop: the same numbers as
     the pre-hooks on transformers' layers, for a prefill and for a verify's rows after it."""
+    from specview.cpu.fast_path import CpuForward
     from specview.cpu.forward import llama
     from specview.engine.kv_cache import new_cache
 
     compiled = load_model(target_path, torch.device("cpu"), cache=False)
     llama.install(compiled.model, compiled=False)  # the same loop as the compiled runner's, without a build
-    assert llama.runner_for(compiled.model) is not None
+    compiled.forward = CpuForward(compiled.model)
+    assert compiled.forward.runner is not None
     dec_t = Decoder(target, None, SamplingConfig(temperature=0.0))
     dec_c = Decoder(compiled, None, SamplingConfig(temperature=0.0))
     cache_t, cache_c = new_cache(target), new_cache(compiled)

@@ -149,9 +149,10 @@ def eagle_pair(tmp_path_factory):
 
 
 def _tree(head, target, shape):
+    from specview.core.draft_spec import parse_draft
     from specview.drafters.specs import build
 
-    return build(f"eagle3:{head};{shape}", target, lambda spec: None, REPEATING)
+    return build(parse_draft(f"eagle3:{head};{shape}"), target, lambda spec: None, REPEATING)
 
 
 @pytest.mark.parametrize("shape,cfg_name", [("", "temperature 1"), ("", "temperature 0.7, top-k 3"),
