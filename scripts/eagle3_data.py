@@ -169,9 +169,10 @@ def encode(tokenizer, text: str, chat: bool) -> list[int]:
 
 @torch.inference_mode()
 def generate(model, tokenizer, items, new_tokens: int, seed: int, batch: int = 16, temperatures=(0.0, 0.7),
-             say=print) -> list[dict]:
+             say=print, done: dict | None = None, keep=lambda: None) -> list[dict]:
     """Each prompt written out by the target once, the temperatures taken in turn (0: greedy): [{kind, ids,
-    prompt_len}]."""
+    prompt_len}]. Each batch is seeded on its own and its texts go into `done` (batch key -> texts), `keep()` called
+    after each: a run that was stopped starts again where it was (`done` read back), with the same texts."""
     from transformers import GenerationConfig
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -179,10 +180,15 @@ def generate(model, tokenizer, items, new_tokens: int, seed: int, batch: int = 1
     jobs = [(kind, encode(tokenizer, text, chat), temperatures[i % len(temperatures)])
             for i, (kind, text, chat) in enumerate(items)]
     jobs.sort(key=lambda job: len(job[1]))  # similar lengths together: little padding
-    out, t0 = [], time.perf_counter()
-    torch.manual_seed(seed)
+    out, t0, done = [], time.perf_counter(), {} if done is None else done
     for first in range(0, len(jobs), batch):
+        key = f"{seed}:{first}"
+        if key in done:
+            out.extend(done[key])
+            continue
+        torch.manual_seed(seed * 100_003 + first)
         group = jobs[first:first + batch]
+        texts = []
         for temperature in sorted({t for _, _, t in group}):
             part = [job for job in group if job[2] == temperature]
             width = max(len(ids) for _, ids, _ in part)
@@ -195,11 +201,14 @@ def generate(model, tokenizer, items, new_tokens: int, seed: int, batch: int = 1
             for (kind, ids, _), row in zip(part, result[:, width:].tolist()):
                 if eos in row:
                     row = row[: row.index(eos) + 1]
-                out.append({"kind": kind, "ids": ids + row, "prompt_len": len(ids)})
-        done = min(first + batch, len(jobs))
+                texts.append({"kind": kind, "ids": ids + row, "prompt_len": len(ids)})
+        done[key] = texts
+        out.extend(texts)
+        keep()
+        count = min(first + batch, len(jobs))
         elapsed = time.perf_counter() - t0
-        say(f"  generated {done}/{len(jobs)} texts, {sum(len(r['ids']) - r['prompt_len'] for r in out)} new tokens, "
-            f"{elapsed:.0f} s, about {elapsed / done * (len(jobs) - done):.0f} s left")
+        say(f"  generated {count}/{len(jobs)} texts, {sum(len(r['ids']) - r['prompt_len'] for r in out)} new tokens, "
+            f"{elapsed:.0f} s, about {elapsed / count * (len(jobs) - count):.0f} s left")
     return out
 
 

@@ -86,20 +86,32 @@ def build_vocab(texts, size: int, vocab: int):
 
 
 def make_data(args, lm, aux_layers):
+    """The target's texts and its states over them; with --data, kept there (and the generated texts as they come, in
+    DATA.partial: a stopped run starts again where it was)."""
     if args.data and os.path.exists(args.data):
         say(f"reading the generated texts from {args.data}")
         return torch.load(args.data, weights_only=False)
+    partial = args.data + ".partial" if args.data else None
+    done = torch.load(partial, weights_only=False) if partial and os.path.exists(partial) else {}
+
+    def keep():
+        if partial:
+            torch.save(done, partial + ".tmp")
+            os.replace(partial + ".tmp", partial)
+
     model, tok = lm.model, lm.tokenizer
-    say("1/3 the target writes its own text")
+    say("1/3 the target writes its own text" + (f" ({len(done)} batches done before)" if done else ""))
     texts = eagle3_data.generate(model, tok, eagle3_data.passage_prompts(args.seed), args.new_tokens, args.seed,
-                                 say=say)
+                                 say=say, done=done, keep=keep)
     passages = [tok.decode(t["ids"][t["prompt_len"]:], skip_special_tokens=True) for t in texts]
     items = eagle3_data.prompts(args.seed) + eagle3_data.quoting_prompts(passages, args.seed)
-    texts += eagle3_data.generate(model, tok, items, args.new_tokens, args.seed + 1, say=say)
+    texts += eagle3_data.generate(model, tok, items, args.new_tokens, args.seed + 1, say=say, done=done, keep=keep)
     say("2/3 the target's hidden states over its text")
     texts = eagle3_data.hidden_states(model, texts, aux_layers, say=say)
     if args.data:
         torch.save(texts, args.data)
+        if partial and os.path.exists(partial):
+            os.remove(partial)
     return texts
 
 
@@ -236,7 +248,7 @@ def main(argv=None) -> int:
             if step % 10 == 0 or step == total:
                 mean = [sum(h[s] for h in seen[-10:]) / len(seen[-10:]) for s in range(args.ttt)]
                 elapsed = time.perf_counter() - started
-                say(f"  step {step}/{total} loss {float(loss):.3f} top-1 agreement by position "
+                say(f"  step {step}/{total} loss {loss.item():.3f} top-1 agreement by position "
                     f"{' '.join(f'{m:.2f}' for m in mean)}  {elapsed / 60:.1f} min, about "
                     f"{elapsed / step * (total - step) / 60:.1f} min left")
         plan = batches(train, args.batch_tokens, rng)
