@@ -39,9 +39,12 @@ def shipped_head(target_spec: str) -> str:
     name = target_spec.partition("@")[0]
     folder = SHIPPED.get(name)
     path = str(files("specview").joinpath("data", folder)) if folder else None
-    if path is None or not os.path.isfile(os.path.join(path, "config.json")):
+    if path is None:
         raise SpecviewError(f"--draft eagle3: no EAGLE-3 head ships for the target {quoted(target_spec)}; give one "
                             f"with --draft eagle3:PATH (a checkpoint folder: config.json and safetensors)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise SpecviewError(f"--draft eagle3: the head for {name} is not in this install ({path}): `make train-head` "
+                            f"trains it, or give one with --draft eagle3:PATH")
     return path
 
 
@@ -166,6 +169,50 @@ class Eagle3Drafter:
             return logits
 
         return sample_chain(run, feed, None, k, keep_drafting)
+
+
+    def logits_along_text(self, run, prompt_ids: list[int], generated: list[int]) -> torch.Tensor:
+        """The head's first-draft logits at each generated position, fed the target's states of the text before it
+        (one target forward, then the head's rows): row i is its law of generated[i] [len(generated), V]. For the
+        profiles' recorded distributions and what-if (profiling/dists.py); a one-token prompt has no state for the
+        first token: its row is the uniform law over the draft vocabulary."""
+        from specview.engine.kv_cache import new_cache
+
+        text = list(prompt_ids) + list(generated)
+        if len(text) < 3:  # no state for any row
+            return self._mapped(run, torch.zeros(len(generated), self.head.cfg.draft_vocab_size, device=run.device))
+        _, aux = run.forward(self.target, new_cache(self.target), text[:-2], keep=1, hidden_layers=self.target_layers)
+        head = self.head
+        with torch.inference_mode():
+            rows = torch.arange(aux.shape[0], device=aux.device)
+            logits, _ = head.rows(head.new_cache(), torch.tensor(text[1:-1], device=aux.device), head.fuse(aux), rows)
+        first = len(prompt_ids) - 2  # row p predicts token p + 2: generated[0] is token len(prompt)
+        if first < 0:
+            logits = torch.cat([logits.new_zeros(-first, logits.shape[1]), logits])
+            first = 0
+        return self._mapped(run, logits[first:first + len(generated)])
+
+    def state_after_a_step(self, run, tokens: list[int], fed: int = 2) -> HeadState:
+        """A state as a step leaves it (calibrate times propose() from it): the head's rows for all but the last `fed`
+        positions of tokens[:-1], and the target's states of those handed over, so that propose() catches up `fed`
+        rows (an accepted draft and the bonus) before its one-row drafts. One target forward, untimed."""
+        from specview.engine.kv_cache import new_cache
+
+        _, aux = run.forward(self.target, new_cache(self.target), tokens[:-1], keep=1, hidden_layers=self.target_layers)
+        state = self.new_state()
+        cut = max(0, aux.shape[0] - fed)
+        self.take_hidden(state, 0, aux[:cut])
+        if cut > 0:
+            self.catch_up(run, state, tokens[:cut + 1])
+        self.take_hidden(state, cut, aux[cut:])
+        return state
+
+    def model_bytes(self) -> dict:
+        """The roofline's figures (profiling/roofline.py): the head's weights a draft reads (its layer, fc, lm_head;
+        the embedding row is the target's), and its keys and values per token."""
+        weights = sum(p.numel() * p.element_size() for name, p in self.head.named_parameters())
+        cfg = self.head.cfg
+        return {"weights": weights, "kv_per_token": 2 * cfg.kv_heads * cfg.head_dim * self.head.fc.weight.element_size()}
 
 
 class _TreeFeeder:

@@ -28,9 +28,12 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 def layer_inputs(model: nn.Module, layers: tuple[int, ...]):
     """Inside: every forward of `model` records the inputs of `layers`; yields the list they are read from after the
     call (one tensor [batch, rows, hidden] per layer, in the order asked)."""
+    out: list[torch.Tensor] = []
+    if not layers:  # most forwards: nothing to keep, nothing looked up
+        yield out
+        return
     modules = decoder_layers(model)
     found: dict[int, torch.Tensor] = {}
-    out: list[torch.Tensor] = []
 
     def keeper(index: int):
         def hook(module, args, kwargs):

@@ -229,3 +229,26 @@ def test_the_compiled_forward_hands_the_same_states_as_transformers(target, targ
     got, _ = generate(Decoder(compiled, eagle3.build("eagle3:" + head, compiled), greedy, k=3, ignore_eos=True),
                       [1, 5, 4], 16)
     assert got == expected
+
+
+def test_the_spec_is_checked_before_any_load(tmp_path):
+    from specview.core.draft_spec import parse_drafts
+
+    assert [s.kind for s in parse_drafts(f"eagle3,eagle3:{tmp_path};tree:b=2,ngram")] == ["eagle3", "eagle3", "ngram"]
+    for text, message in (("eagle3:", "name the checkpoint folder"), (f"eagle3:{tmp_path}/none", "is not a folder")):
+        with pytest.raises(SpecviewError, match=message):
+            parse_drafts(text)
+
+
+def test_a_bundled_target_without_its_head_says_how_to_make_it(monkeypatch):
+    monkeypatch.setitem(eagle3.SHIPPED, "smollm2-135m", "eagle3-not-built")
+    with pytest.raises(SpecviewError, match=r"the head for smollm2-135m is not in this install .*make train-head"):
+        eagle3.shipped_head("smollm2-135m@bfloat16")
+
+
+@pytest.mark.timeout(900)
+def test_check_passes_with_a_tiny_head(capsys, target_path, head_path):
+    code, out, err = run_cli(capsys, "check", "--target", target_path, "--draft", "eagle3:" + head_path, "--prompt",
+                             "w1 w2 w3", "-N", "16")
+    assert code == 0, err
+    assert out.strip().splitlines()[-1].startswith("result=pass drafters=1 greedy_same=4/4")
