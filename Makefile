@@ -5,7 +5,8 @@ STAMP   := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test test-fast fuzz stress bench bench-gpt2 bench-llamacpp engines bench-copy eval fidelity results gpu-smoke lint check \
+.PHONY: install run test test-fast fuzz stress train-head bench bench-gpt2 bench-llamacpp engines bench-copy eval fidelity results gpu-smoke \
+	lint check \
 	clean
 
 install: $(STAMP)
@@ -62,6 +63,13 @@ stress: install
 		if $(PY) -m pytest -q -p no:cacheprovider $(STRESS_TESTS) > $$log 2>&1; then echo "run $$i: $$(tail -1 $$log)"; \
 		else tail -30 $$log; echo "run $$i FAILED"; exit 1; fi; \
 	done
+
+# The EAGLE-3 head shipped for the bundled model (specview/data/eagle3-smollm2-135m, docs/guide/drafters-and-trees.md):
+# the target writes its own text, then the head learns it (EAGLE-3's training-time test), seeded, niced, one thread.
+# The generated text is kept in build/ as it comes: a stopped run starts again where it was.
+train-head: install
+	mkdir -p build
+	nice -n 10 $(PY) scripts/train_eagle3_head.py --threads 1 --data build/eagle3-train-data.pt $(ARGS)
 
 bench: install
 	.venv/bin/specview bench --peer hf --temperature 0 -N 48 --draft smollm2-135m@int4,ngram,smollm2-135m@bfloat16 $(ARGS)

@@ -69,6 +69,8 @@ def measure_drafter(session: Session, drafter, k: int, repeats: int) -> float | 
     drafter.prefill(dec, state, tokens[:-1])
     per_token = []
     for rnd in range(repeats + 1):
+        if hasattr(drafter, "state_after_a_step"):  # a head fed the target's states (drafters/eagle3.py): as a step
+            state = drafter.state_after_a_step(dec, tokens)  # leaves it, its catch-up rows to feed (untimed)
         dec.timer.start_step()
         devices.synchronize(session.device)
         t0 = time.perf_counter()

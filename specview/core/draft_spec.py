@@ -6,6 +6,7 @@ No torch: a bad spec fails before anything loads. One spec or a comma-separated 
     self:skip=4-9,15       the target with these decoder layers skipped (0-based, ranges)
     self:auto              the skip set chosen by a short calibration on the prompt, printed
     llamacpp[:PATH.gguf]   llama.cpp (llama-cpp-python, an extra) running the target's GGUF file, or PATH
+    eagle3[:PATH]          an EAGLE-3 head: a checkpoint folder as vLLM loads it, or alone the one shipped for the target
 
     DRAFTER;tree:b=2,d=4   a token tree from that drafter (docs/design/trees.md): b children per node, depth d
     DRAFTER;tree:nodes=16  the 16 nodes of highest draft probability (EAGLE-2), b=, d= bound the expansion
@@ -32,6 +33,7 @@ KINDS = {
     "ngram": "ngram[:max=N,min=N]",
     "self": "self:skip=LAYERS or self:auto",
     "llamacpp": "llamacpp[:PATH.gguf]",
+    "eagle3": "eagle3[:PATH]",
 }
 MODEL_DTYPES = ("float32", "bfloat16", "float16", "int4", "int4+head")  # MODEL@dtype (models/loader.py loads them)
 
@@ -93,6 +95,15 @@ def parse_draft(text: str, check_files: bool = True) -> DraftSpec:
         return DraftSpec(text, "llamacpp", base, options, shape)
     if head in ("ngram", "self"):
         return DraftSpec(text, head, base, options, shape)
+    if head == "eagle3":
+        path = os.path.expanduser(options)
+        if colon and not options:
+            raise SpecviewError(f"--draft {quoted(base)}: name the checkpoint folder (eagle3:PATH), or write eagle3 "
+                                "alone for the head shipped for the target")
+        if colon and check_files and not os.path.isdir(path):  # before any load
+            raise SpecviewError(f"--draft {quoted(base)}: {quoted(path)} is not a folder (eagle3:PATH names an "
+                                "EAGLE-3 checkpoint folder: config.json and safetensors)")
+        return DraftSpec(text, "eagle3", base, options, shape)
     if colon and not head.startswith((".", "/", "~")):
         raise SpecviewError(f"--draft {quoted(base)}: unknown drafter kind {quoted(head)} (use "
                             f"{', '.join(KINDS.values())})")

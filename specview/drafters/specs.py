@@ -20,6 +20,10 @@ def build(spec: DraftSpec, target, load: Callable[[str], object], prompt_ids: li
         drafter = NgramDrafter(spec.base)
     elif spec.kind == "self":
         drafter = _self_drafter(spec, target, prompt_ids, say)
+    elif spec.kind == "eagle3":
+        from specview.drafters import eagle3
+
+        drafter = eagle3.build(spec.base, target)
     elif spec.kind == "llamacpp":
         from specview.drafters.llamacpp import LlamaCppDrafter, gguf_file
 

@@ -33,10 +33,16 @@ from specview.engine.sampling import probs_from_logits, sample
 
 class TreeDrafter:
     def __init__(self, base, shape, spec: str):
-        self.base, self.shape, self.spec = base, shape, spec  # base: a ModelDrafter or an NgramDrafter
+        self.base, self.shape, self.spec = base, shape, spec  # base: a ModelDrafter, an NgramDrafter or a head
         self.lm = base.lm
         if hasattr(base, "skip"):
             self.skip = base.skip
+        # How the tree's levels are fed: a draft model's forwards, or a drafter's own (an EAGLE-3 head: drafters/
+        # eagle3.py); None: n-gram lookup, no forward at all.
+        self.feeder = getattr(base, "tree_feeder", None) or (_ModelFeeder(base.lm) if base.lm is not None else None)
+        if hasattr(base, "target_layers"):  # the engine hands such a drafter the target's states (drafters/eagle3.py)
+            self.target_layers = base.target_layers
+            self.take_hidden = base.take_hidden
 
     def new_state(self):
         return self.base.new_state()
@@ -48,13 +54,15 @@ class TreeDrafter:
         self.base.rollback(state, keep)
 
     def keep_rows(self, state, base: int, rows: list[int]) -> None:
-        if state is not None:
+        if self.feeder is not None and not self.feeder.keeps_rows:
+            self.base.keep_rows(state, base, rows)
+        elif state is not None:
             keep_rows(state, base, rows)
 
     def propose(self, run, state, tokens: list[int], k: int, keep_drafting=None) -> Proposal:
         """A tree of depth at most k (the engine's room: N, the context). `keep_drafting` (p-min) is a
         chain's policy and is not used here."""
-        if self.lm is None:
+        if self.feeder is None:
             return self._ngram(run, tokens, k)
         return self._model(run, state, tokens, k)
 
@@ -77,11 +85,14 @@ class TreeDrafter:
         return Proposal(drafts, q, first, parents=parents)
 
     def _model(self, run, cache, tokens: list[int], k: int) -> Proposal:
-        timer, lm, shape = run.timer, self.lm, self.shape
+        timer, feeder, shape = run.timer, self.feeder, self.shape
         greedy, dynamic, width = run.sampling.greedy, shape.nodes is not None, shape.width()
-        base = len(tokens)
         with timer.phase("draft"):
-            logits = run.forward(lm, cache, tokens[cache.get_seq_length():], keep=1)
+            started = feeder.start(run, cache, tokens)
+        if started is None:  # nothing to draft from
+            return Proposal(torch.zeros(0, dtype=torch.long, device=run.device),
+                            torch.zeros(0, run.vocab, device=run.device))
+        logits, base = started  # base: where the nodes' rows start in the drafter's cache
         ids: list[torch.Tensor] = []
         laws: list[torch.Tensor] = []
         parents: list[int] = []
@@ -114,15 +125,16 @@ class TreeDrafter:
             cached = cache.get_seq_length()
             for i, j in enumerate(new):
                 rows[j] = cached - base + i
+            from_rows = [frontier.index(parents[j]) for j in new]  # each node's parent among the last level's rows
             with timer.phase("draft"):
                 if fed is not None and len(new) == 1 and parents[new[0]] == fed:
                     # One node continuing the nodes fed so far: the cache stays one sequence, and the plain
                     # forward of a chain's draft needs no mask (w=1 drafts at the chain's cost).
-                    logits = run.forward(lm, cache, ids[new[0]].view(1))
+                    logits = feeder.feed(run, cache, ids[new[0]].view(1), from_rows, None)
                     fed = new[0]
                 else:
                     layout = token_tree.append_layout(parents, rows, new, base, cached, run.device)
-                    logits = run.forward(lm, cache, torch.stack([ids[j] for j in new]), tree=layout)
+                    logits = feeder.feed(run, cache, torch.stack([ids[j] for j in new]), from_rows, layout)
                     fed = None
             frontier = new
         if not ids:
@@ -138,7 +150,8 @@ class TreeDrafter:
         order = token_tree.preorder(parents)  # the first-child path in consecutive rows: no gather when it is accepted
         parents = token_tree.renumber(parents, order)
         ids, laws, rows = [ids[j] for j in order], [laws[j] for j in order], [rows[j] for j in order]
-        return Proposal(torch.stack(ids), torch.stack(laws), parents=parents, draft_rows=rows)
+        return Proposal(torch.stack(ids), torch.stack(laws), parents=parents,
+                        draft_rows=rows if feeder.keeps_rows else None)
 
     def _level_read(self, q: torch.Tensor, deterministic: bool) -> list:
         """What the host must know of a level's rows [rows, V], in ONE read (a sync on a device): the top-b
@@ -170,3 +183,19 @@ class TreeDrafter:
                 return
             rest = law.clone().index_fill_(0, token.view(1), 0.0)
             law = rest / rest.sum()
+
+
+class _ModelFeeder:
+    """A draft model's tree: its forwards over the text, then over each level's nodes (each sees its ancestors)."""
+
+    keeps_rows = True  # the accepted path's rows stay in the draft's cache (the engine's keep_rows)
+
+    def __init__(self, lm):
+        self.lm = lm
+
+    def start(self, run, cache, tokens: list[int]):
+        """-> (logits [1, V] of the root's children, where the nodes' rows start in the cache: after the text)."""
+        return run.forward(self.lm, cache, tokens[cache.get_seq_length():], keep=1), len(tokens)
+
+    def feed(self, run, cache, ids: torch.Tensor, from_rows: list[int], layout) -> torch.Tensor:
+        return run.forward(self.lm, cache, ids, tree=layout)

@@ -28,7 +28,7 @@ from specview.core.errors import SpecviewError
 from specview.core.events import RunSummary, StepResult
 from specview.core.policies import make_policy, parse_policy
 from specview.core.settings import SamplingConfig
-from specview.engine import accept_rule, token_tree
+from specview.engine import accept_rule, target_states, token_tree
 from specview.engine import device as devices
 from specview.engine.decision import Decision, ends_in_rejection
 from specview.engine.drafter import ModelDrafter, Proposal, context_holders
@@ -123,25 +123,29 @@ class Decoder:
 
     @torch.inference_mode()
     def forward(self, lm: LoadedModel, cache, ids: list[int] | torch.Tensor, keep: int | None = None,
-                tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                tree: tuple[torch.Tensor, torch.Tensor] | None = None, hidden_layers: tuple[int, ...] = ()):
         """Feed ids (appending to cache) -> logits [n, vocab] of the last `keep` positions (all if None).
         `tree` = (positions, allowed) from token_tree.layout: each row at its own position, seeing only what
-        `allowed` [rows, cached + rows] lets it (a token tree's rows see their ancestors, not their cousins)."""
+        `allowed` [rows, cached + rows] lets it (a token tree's rows see their ancestors, not their cousins).
+        `hidden_layers`: -> (logits, the inputs of those decoder layers for every row fed, side by side [rows,
+        layers * hidden]) from the same forward (engine/target_states.py: what an EAGLE-3 head reads)."""
         if not isinstance(ids, torch.Tensor):
             ids = devices.upload(ids, self.device)
         runner = lm.forward.runner  # a forward of the engine's own, installed by a fast path
         if runner is not None:
-            logits = runner(ids.view(-1), cache, keep or 0, tree)[:, : self.vocab]
+            out = runner(ids.view(-1), cache, keep or 0, tree, **({"capture": hidden_layers} if hidden_layers else {}))
+            logits = (out[0] if hidden_layers else out)[:, : self.vocab]
             if self.timer.enabled:  # its norms are fused away from any hook: their modelled time (norm_ms)
                 self.timer.modelled("layernorm", runner.norm_ms(ids.numel()))
-            return logits
+            return (logits, target_states.side_by_side(out[1], self.device)) if hidden_layers else logits
         extra = {} if tree is None else tree_arguments(lm.model, *tree)
-        with lm.forward.products():
+        with lm.forward.products(), target_states.layer_inputs(lm.model, hidden_layers) as states:
             out = lm.model(input_ids=ids.view(1, -1), past_key_values=cache, use_cache=True, logits_to_keep=keep or 0,
                            **extra)
         # A model spread over devices (--device-map) returns its logits on its last one (a copy between devices
         # that need not wait for the host).
-        return out.logits[0, :, : self.vocab].to(self.device, non_blocking=True)
+        logits = out.logits[0, :, : self.vocab].to(self.device, non_blocking=True)
+        return (logits, target_states.side_by_side(states, self.device)) if hidden_layers else logits
 
 
 def tree_arguments(model, positions: torch.Tensor, allowed: torch.Tensor) -> dict:
@@ -215,8 +219,8 @@ class Run:
     def vocab(self) -> int:
         return self.dec.vocab
 
-    def forward(self, lm: LoadedModel, cache, ids, keep: int | None = None, tree=None) -> torch.Tensor:
-        return self.dec.forward(lm, cache, ids, keep, tree)
+    def forward(self, lm: LoadedModel, cache, ids, keep: int | None = None, tree=None, hidden_layers=()):
+        return self.dec.forward(lm, cache, ids, keep, tree, hidden_layers)
 
     def _models(self) -> list[LoadedModel]:
         models = [self.dec.target, self.dec.draft]
@@ -247,12 +251,19 @@ class Run:
         t0 = time.perf_counter()
         head = self.tokens[:-1]
         if head:
-            self.dec.forward(self.dec.target, self.target_cache, head, keep=1)
+            layers = self._target_layers()
+            out = self.dec.forward(self.dec.target, self.target_cache, head, keep=1, hidden_layers=layers)
+            if layers:  # the target's states of the prompt for a drafter that reads them (drafters/eagle3.py)
+                self.dec.drafter.take_hidden(self._state(self.dec.drafter), 0, out[1])
             if self.dec.drafter is not None:
                 self.dec.drafter.prefill(self, self._state(self.dec.drafter), head)
             devices.synchronize(self.dec.device)  # the prefill's work, not its launches (else it lands in step 1)
         self.summary.prefill_ms = (time.perf_counter() - t0) * 1000
         self._prefilled = True
+
+    def _target_layers(self) -> tuple[int, ...]:
+        """The target layers whose inputs the current drafter reads from the target's forwards (none: most drafters)."""
+        return tuple(getattr(self.dec.drafter, "target_layers", ()) or ())
 
     def caches_by_model(self) -> list[tuple[LoadedModel, list[tuple[object, object]]]]:
         """Each model this run has stepped with and its caches here, as (key, cache) for replace_cache: the target's,
@@ -313,7 +324,10 @@ class Run:
                 ids = torch.cat([ids, proposal.tokens])
                 if proposal.parents is not None and not token_tree.is_chain(proposal.parents):
                     tree = token_tree.layout(proposal.parents, start, len(fed), dec.device)  # one forward, every node
-            logits = dec.forward(dec.target, self.target_cache, ids, keep=n_drafts + 1, tree=tree)
+            layers = self._target_layers()
+            logits = dec.forward(dec.target, self.target_cache, ids, keep=n_drafts + 1, tree=tree, hidden_layers=layers)
+            if layers:
+                logits, states = logits
         with timer.phase("sample"):
             decision = self._decide(logits, proposal if n_drafts else None)
         result = self._emit(decision, proposal)
@@ -330,6 +344,9 @@ class Run:
             crop_cache(self.target_cache, keep)
             if proposal is not None:  # only the drafter that drafted can be past `keep`
                 drafter.rollback(self._state(drafter), keep)
+            if layers:  # the target's states of the positions now in its cache: the rows fed, the accepted path
+                rows = list(range(len(fed))) + [len(fed) + j for j in path]
+                drafter.take_hidden(self._state(drafter), start, states[devices.upload(rows, dec.device)])
         result.phases_ms, result.wall_ms = timer.end_step()
         if self.track_forwards:
             result.forwards = {role: lm.forward.state()

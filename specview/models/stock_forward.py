@@ -7,7 +7,9 @@ for a forward that is built while a run goes on (gpt-fast's generate.py swaps in
 and its speculative loop never knows).
 
     runner            None, or a callable runner(ids [n], cache, keep, tree) -> logits [rows, vocab] with
-                      new_cache() (its own KV cache) and norm_ms(rows) (its fused norms' modelled time)
+                      new_cache() (its own KV cache) and norm_ms(rows) (its fused norms' modelled time);
+                      runner(..., capture=layer ids) -> (logits, [each layer's input, rows x hidden]): the
+                      hidden states an EAGLE-3 head reads (engine/target_states.py), from the same forward
     products()        a context transformers' forward runs inside (a fast path's packed matrix products)
     held_tensors()    tensors held for the model beside its parameters (copies a fast path made), for memory figures
     state()           "compiled" | "building" | "eager": which forward a step ran, for step records

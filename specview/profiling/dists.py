@@ -62,6 +62,8 @@ def stepwise(dec, drafter, state, prompt_ids: list[int], generated: list[int]) -
     and with near-equal tokens that changes the argmax. The greedy replay must see the engine's."""
     from specview.engine.sampling import probs_from_logits
 
+    if hasattr(drafter, "logits_along_text"):  # a head that reads the target's states (drafters/eagle3.py)
+        return probs_from_logits(drafter.logits_along_text(dec, prompt_ids, generated), dec.sampling)
     drafter.prefill(dec, state, prompt_ids[:-1])
     along = [prompt_ids[-1]] + generated[:-1]
     if getattr(drafter, "lm", None) is None:  # a draft model run elsewhere (llama.cpp): its own one-token feeds
@@ -96,7 +98,7 @@ def run_dists(session, prompt_ids: list[int], generated: list[int], steps: list[
     out = {"prompt_ids": list(prompt_ids), "tokens": list(generated), "target": {**_top(p), "argmax": p.argmax(dim=-1).tolist()},
            "drafters": {}}
     for d in session.drafters:
-        if getattr(d, "lm", None) is not None or hasattr(d, "logits_along"):
+        if getattr(d, "lm", None) is not None or hasattr(d, "logits_along") or hasattr(d, "logits_along_text"):
             ddec = session.decoder(drafter=d)
             q = stepwise(ddec, d, d.new_state(), prompt_ids, generated)
             q = q[:, : p.shape[-1]] if q.shape[-1] >= p.shape[-1] else torch.nn.functional.pad(q, (0, p.shape[-1] - q.shape[-1]))

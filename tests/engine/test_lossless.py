@@ -127,3 +127,52 @@ def test_ngram_residual_removes_the_proposed_token(small_vocab_pair, monkeypatch
     exact = exact_joint(target, cfg, 8, prompt=REPEATING)
     counts, _, _ = drafter_counts(target, NgramDrafter("ngram:max=2,min=1"), cfg, k=2, vocab=8, prompt=REPEATING)
     assert tv(counts, exact) > tv_threshold(exact)
+
+
+# --- an EAGLE-3 head of random weights (drafters/eagle3.py) ----------------------------------------------------------
+# It reads the inputs of three layers of its target, so the target has four (the pair above has two); its draft
+# vocabulary leaves out tokens 3 and 6 (q = 0 there: only the residual can emit them).
+
+@pytest.fixture(scope="module")
+def eagle_pair(tmp_path_factory):
+    from eagle3_heads import make_head
+
+    import tiny
+    from specview.drafters import eagle3
+    from specview.models.loader import load_model
+
+    folder = tmp_path_factory.mktemp("eagle3-law")
+    path = tiny.save(tiny.make_model("llama", 8, 10, layers=4, scale=8.0), tiny.make_tokenizer(8), folder / "target")
+    target = load_model(path, torch.device("cpu"))
+    head = make_head(target.model, folder / "head", seed=1, draft_ids=[0, 1, 2, 4, 5, 7], aux_layers=(0, 1, 3))
+    return target, lambda shape="": eagle3.build("eagle3:" + head, target) if not shape else _tree(head, target, shape)
+
+
+def _tree(head, target, shape):
+    from specview.core.draft_spec import parse_draft
+    from specview.drafters.specs import build
+
+    return build(parse_draft(f"eagle3:{head};{shape}"), target, lambda spec: None, REPEATING)
+
+
+@pytest.mark.timeout(1200)  # 3000 runs through the head and the target's hooks: past the default on a busy machine
+@pytest.mark.parametrize("shape,cfg_name", [("", "temperature 1"), ("", "temperature 0.7, top-k 3"),
+                                            ("tree:b=2,d=2", "temperature 1"), ("tree:nodes=4", "top-p 0.8")])
+def test_an_eagle3_head_keeps_the_target_law(eagle_pair, shape, cfg_name):
+    target, drafter = eagle_pair
+    cfg = CASES[cfg_name]
+    exact = exact_joint(target, cfg, 8, prompt=REPEATING)
+    counts, drafted, rejected = drafter_counts(target, drafter(shape), cfg, k=2, vocab=8, prompt=REPEATING)
+    assert drafted > SAMPLES and rejected > SAMPLES // 10, "the head must propose, and be rejected, often"
+    assert tv(counts, exact) < tv_threshold(exact), f"eagle3 {shape}, {cfg_name}: output is not the target's law"
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("shape", ["", "tree:b=2,d=2"])
+def test_the_eagle3_law_test_has_power(eagle_pair, shape, monkeypatch):
+    target, drafter = eagle_pair
+    cfg = CASES["temperature 1"]
+    monkeypatch.setattr(accept_rule, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
+    exact = exact_joint(target, cfg, 8, prompt=REPEATING)
+    counts, _, _ = drafter_counts(target, drafter(shape), cfg, k=2, vocab=8, prompt=REPEATING)
+    assert tv(counts, exact) > tv_threshold(exact)

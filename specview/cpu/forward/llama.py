@@ -291,9 +291,12 @@ class FastForward:
         return StaticKV(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype)
 
     @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, cache: StaticKV, keep: int, tree=None) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, cache: StaticKV, keep: int, tree=None, capture: tuple[int, ...] = ()):
         """ids [rows] appended to `cache` -> logits [keep, vocab] of the last `keep` rows (0: all). `tree` =
-        (positions [rows], allowed [rows, start + rows]) from trees.layout: a token tree's own positions and mask."""
+        (positions [rows], allowed [rows, start + rows]) from trees.layout: a token tree's own positions and mask.
+        `capture` (layer ids): also the input of each of those layers for every row fed, [rows, hidden] each, as
+        (logits, [inputs]) (an EAGLE-3 head's states: the residual stream before the layer, transformers'
+        hidden_states[i]; read from the loop, so no forward more)."""
         model = self.model_ref()
         rows, start = ids.numel(), cache.length
         cache.reserve(start + rows)
@@ -320,14 +323,21 @@ class FastForward:
             # mask into this in every layer.
             allowed = torch.ones(rows, end, dtype=torch.bool).tril(start) if tree is None else tree[1]
             mask = torch.zeros(rows, end, dtype=self.kv_dtype).masked_fill_(~allowed, float("-inf"))
+        captured = {}  # layer id -> its input (each layer makes a new h: the tensors kept are not written again)
         if ends is not None and hasattr(fns.layer, "bind"):  # built ahead of time: bound to each layer's weights
             for i, layer in enumerate(self._bound_layers(fns, gemv, len(positional), mask is not None)):
+                if i in capture:
+                    captured[i] = h
                 h = layer(h, *positional, cache.keys[i], cache.values[i], ends, mask)
         elif ends is not None:
             for i, w in enumerate(self.layers):
+                if i in capture:
+                    captured[i] = h
                 h = self._layer_whole(fns, h, w, positional, gemv, cache.keys[i], cache.values[i], ends, mask)
         else:
             for i, w in enumerate(self.layers):
+                if i in capture:
+                    captured[i] = h
                 q, k, v = self._layer_in(fns, h, w, positional, gemv)
                 cache.keys[i][:, :, start:end] = k
                 cache.values[i][:, :, start:end] = v
@@ -339,7 +349,8 @@ class FastForward:
         if keep:
             h = h[-keep:]
         fns, gemv = self._functions_for(h.shape[0])  # a prefill keeps one row: the one-row head
-        return self._head(fns, h, gemv)
+        logits = self._head(fns, h, gemv)
+        return (logits, [captured[i] for i in capture]) if capture else logits
 
     def _bound_layers(self, fns, gemv: str, positional: int, masked: bool) -> list:
         """fns.layer bound to each layer in turn (_bound_layer), made once per kind of call: a forward looks them up
