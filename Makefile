@@ -69,7 +69,7 @@ stress: install
 # The generated text is kept in build/ as it comes: a stopped run starts again where it was.
 train-head: install
 	mkdir -p build
-	nice -n 10 $(PY) scripts/train_eagle3_head.py --threads 1 --data build/eagle3-train-data.pt $(ARGS)
+	nice -n 10 $(PY) -m specview.tools.train_eagle3_head --threads 1 --data build/eagle3-train-data.pt $(ARGS)
 
 bench: install
 	.venv/bin/specview bench --peer hf --temperature 0 -N 48 --draft smollm2-135m@int4,ngram,smollm2-135m@bfloat16 $(ARGS)

@@ -1,13 +1,13 @@
 """Train an EAGLE-3 head for a target on this machine (`make train-head`: the bundled SmolLM2-135M), seeded, with
 progress, written in the public format (specview/drafters/eagle3_checkpoint.py) where `--draft eagle3` finds it.
 
-    python scripts/train_eagle3_head.py [--target smollm2-135m] [--out specview/data/eagle3-smollm2-135m]
+    python -m specview.tools.train_eagle3_head [--target smollm2-135m] [--out specview/data/eagle3-smollm2-135m]
 
 The recipe is EAGLE-3's training-time test (docs/guide/drafters-and-trees.md says why): the head runs --ttt steps on
 its own outputs, step s learning the target's distribution s + 1 tokens ahead, weighted 0.8^s as EAGLE-3 weights them;
 the loss is the cross-entropy to the target's own distribution over the draft vocabulary (soft labels), counted where
 the target's argmax is in that vocabulary and the predicted token is one the target wrote. The data is the target's
-own text (scripts/eagle3_data.py). The draft vocabulary is the most frequent target ids of that text (d2t / t2d).
+own text (specview/tools/eagle3_data.py). The draft vocabulary is the most frequent target ids of that text (d2t / t2d).
 lm_head starts as the target's own output rows of those ids and `norm` as its final norm; the rest is random.
 """
 
@@ -23,15 +23,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.dirname(HERE), HERE]
+from specview.drafters.eagle3_checkpoint import HeadConfig, default_aux_layers, save_head, target_shape
+from specview.drafters.eagle3_head import Eagle3Head
+from specview.tools import eagle3_data
 
-import eagle3_data  # noqa: E402
-
-from specview.drafters.eagle3_checkpoint import HeadConfig, default_aux_layers, save_head, target_shape  # noqa: E402
-from specview.drafters.eagle3_head import Eagle3Head  # noqa: E402
-
-DEFAULT_OUT = os.path.join(os.path.dirname(HERE), "specview", "data", "eagle3-smollm2-135m")
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "eagle3-smollm2-135m")
 
 
 def options(argv=None):
