@@ -81,9 +81,11 @@ def early_stop_lines(doc: dict) -> list[str]:
     results = doc.get("results") or []
     n = (doc.get("config") or {}).get("max_new_tokens")
     where = ", ".join(f"{cat} {count}" for cat, count in early.items())
+    hint = "--ignore-eos for N tokens each" if (doc.get("config") or {}).get("chat") else \
+        "--chat for an instruct model, or --ignore-eos"
     return [f"{sum(early.values())} of {len(results)} requests ended before N={n} tokens (end-of-sequence or an empty "
             f"text; `stop` in the JSON): {where}. tokens/s and τ of those categories cover those few tokens only, "
-            "not N (--chat for an instruct model, or --ignore-eos)"]
+            f"not N ({hint})"]
 
 
 def engine_rates(doc: dict) -> str:

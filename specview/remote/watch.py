@@ -39,7 +39,7 @@ class Figures:
             return None
         said = "an empty text" if self.stop == "empty" else f"end-of-sequence after {self.tokens} tokens"
         return (f"the request ended early ({said}): its acceptance, tokens per step and tokens/s cover those tokens "
-                "only (--chat for an instruct model, or --ignore-eos)")
+                "only (--ignore-eos for N tokens)")
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -148,10 +148,14 @@ def _handler(engine: FakeEngine):
             chat = self.path == "/v1/chat/completions" and engine.template
             if kind in ("llama-server", "vllm", "openai") and (self.path == "/v1/completions" or chat):
                 prompt = body["messages"][-1]["content"] if chat else body["prompt"]
+                ids = None if isinstance(prompt, str) else prompt  # vLLM takes token ids too
+                prompt = prompt if ids is None else " ".join(map(str, ids))
                 n = engine.answer_length(body["max_tokens"], body, chat)
                 text, timings = engine.generate(prompt, n, empty=n < body["max_tokens"] and engine.template
                                                 and not chat)
                 choice = {"index": 0, "finish_reason": "length" if n == body["max_tokens"] else "stop"}
+                if body.get("return_token_ids"):
+                    choice["token_ids"] = [(len(prompt) + i) % 7 for i in range(n)]
                 choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
                 out = {"object": "chat.completion" if chat else "text_completion", "choices": [choice],
                        "usage": {"prompt_tokens": timings["prompt_n"], "completion_tokens": n}}
@@ -211,9 +215,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def fake_vllm(argv: list[str]) -> None:
+    """A stand-in for `python -m vllm.entrypoints.openai.api_server` (`bench --peer vllm` without `make engines`):
+    the fake's vLLM answers on --port. Like the real one, it first starts a child of its own (vLLM's EngineCore),
+    which here ignores SIGTERM: only a stop of the whole process group ends it. Its pid goes to $FAKE_VLLM_PIDS
+    (appended, one a line); $FAKE_VLLM_NEVER_READY keeps the server from ever listening (a start-up that does not
+    end)."""
+    import os
+    import subprocess
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                              "while True: time.sleep(1)"])
+    if os.environ.get("FAKE_VLLM_PIDS"):
+        with open(os.environ["FAKE_VLLM_PIDS"], "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()}\n{child.pid}\n")
+    if os.environ.get("FAKE_VLLM_NEVER_READY"):
+        while True:
+            print("Compiling a graph", flush=True)
+            time.sleep(0.2)
+    port = int(argv[argv.index("--port") + 1])
+    engine = FakeEngine("vllm", speculative="--speculative-config" in argv)
+    print(f"serving on {port}", flush=True)
+    ThreadingHTTPServer(("127.0.0.1", port), _handler(engine)).serve_forever()
+
+
 def main(argv: list[str]) -> None:
     """A stand-in for the llama-server binary (`bench --peer llama-server` without `make engines`): the flags
-    specview passes, --version, and the fake's answers on --port until it is terminated."""
+    specview passes, --version, and the fake's answers on --port until it is terminated. With `-m
+    vllm.entrypoints.openai.api_server`, vLLM's (fake_vllm)."""
+    if argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"]:
+        fake_vllm(argv[2:])
+        return
     if "--version" in argv:
         print("version: 0 (fake)", file=sys.stderr)
         return
