@@ -136,7 +136,8 @@ class VllmServer:
     it fails."""
 
     def __init__(self, python: str, model: str, threads: int, spec: dict | None, max_model_len: int,
-                 on_progress: Callable[[str], None] = lambda msg: None, label: str = "vLLM"):
+                 on_progress: Callable[[str], None] = lambda msg: None, label: str = "vLLM",
+                 extra: tuple[str, ...] = ()):
         self.python, self.model, self.label, self.port = python, model, label, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.flags = ["--model", model, "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
@@ -144,6 +145,7 @@ class VllmServer:
                       "--generation-config", "vllm"]  # not the model's sampling defaults: bench sends its own
         if spec is not None:
             self.flags += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+        self.flags += list(extra)  # the tests' --enforce-eager: no graph compile (minutes) before a test can start
         self.argv = [python, "-m", MODULE, *self.flags]
         self.env = {k: v for k, v in environment(threads, python).items()
                     if k.startswith(("VLLM_", "OMP_", "KMP_", "LD_PRELOAD"))}

@@ -3,8 +3,9 @@ model's converted folder with n-gram speculation, started as bench starts it (re
 --endpoint's defaults give N tokens per prompt (or mark and warn about the requests that end early), its acceptance
 per category is the counters' own deltas over the same requests, a request replayed by hand gets the same counts,
 --attach reads it, and no vLLM process is left once it is stopped. Skipped, with the reason, where vLLM is not
-installed. No timing is asserted. (bench --peer vllm starts servers of its own: tests/bench/test_bench_vllm.py
-against a stand-in, and the real one by hand, docs/guide/engines.md.)"""
+installed. No timing is asserted. The server runs eagerly (--enforce-eager): the same counts, without the minutes of
+graph compile bench's servers spend before they answer. (bench --peer vllm starts servers of its own:
+tests/bench/test_bench_vllm.py against a stand-in, and the real one by hand, docs/guide/engines.md.)"""
 
 import json
 
@@ -31,7 +32,8 @@ def server():
 
     load_model(DEFAULT_TARGET, torch.device("cpu"))  # its converted folder in specview's cache: what vLLM reads
     spec = vllm_server.speculative_config("ngram", K, (3, 2))
-    running = vllm_server.VllmServer(python, vllm_server.model_folder(DEFAULT_TARGET), 1, spec, 2048)
+    running = vllm_server.VllmServer(python, vllm_server.model_folder(DEFAULT_TARGET), 1, spec, 2048,
+                                     extra=("--enforce-eager",))
     pgid = running.process.pid
     try:
         yield running
