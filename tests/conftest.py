@@ -168,6 +168,7 @@ def loaded_pair(pair_paths):
 EXPECTED_SKIPS = (
     "could not import 'llama_cpp'",  # pytest.importorskip: the [llamacpp] extra is not installed
     "llama-server is not built",  # the optional extra of `make engines` (tests/remote/test_llama_server.py)
+    "vLLM is not installed",  # the other optional extra of `make engines` (tests/remote/test_vllm.py)
     "this CPU has no",  # a kernel path for flags this CPU lacks (its build is that path already)
     "no AVX2, FMA or C++ compiler here",
     "cannot compile here",  # aot_compile.unavailable_reason: no C++ compiler or no inductor

@@ -3,6 +3,7 @@ under an index, every relative link in README.md and docs/ resolves (to a file, 
 every design note the code names exists, and the figures in docs/benchmarks.md and the README's table are exactly
 what `make results` writes from docs/results/*.json."""
 
+import json
 import re
 import unicodedata
 from pathlib import Path
@@ -151,3 +152,24 @@ def test_a_bench_files_memory_is_kept_and_shown():
     assert "| memory | peak RSS 7,500 MiB for 6,871 MiB of weights (1.09x) |" in results.section(doc)
     del doc["memory"]
     assert not any(line.startswith("| memory |") for line in results.section(doc))
+
+
+def test_results_add_refuses_a_run_under_load_and_says_why(tmp_path, capsys):
+    """A run whose load average exceeded the threads it used shared its cores with other work: `results add` refuses
+    it (exit 2, one line saying why) unless --allow-load."""
+    bench = {"schema": "specview.bench/1", "meta": {"cpu": "Some CPU (x)", "cpu_flags": ["avx2"], "threads": 1,
+                                                     "load_avg": {"start": [2.1, 1.0, 0.5], "end": [11.3, 5.0, 2.0]}},
+             "config": {"target": "t", "draft": "d", "k": 4, "max_new_tokens": 8, "temperature": 0, "num_runs": 1},
+             "methods": {"autoregressive": {"tokens_per_s": 1.0}}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench), encoding="utf-8")
+    argv = ["--root", str(tmp_path), "add", str(path), "--name", "m"]
+    assert results.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "load average of 11.3 (at its end) with 1 thread" in err and "--allow-load" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "docs" / "results" / "m.json").exists()
+    assert results.main([*argv, "--allow-load"]) == 0
+    assert json.loads((tmp_path / "docs" / "results" / "m.json").read_text())["load_avg"] == {"start": 2.1, "end": 11.3}
+    bench["meta"]["load_avg"] = {"start": [0.4, 0.3, 0.2], "end": [1.0, 0.6, 0.3]}  # bench's own thread: quiet
+    path.write_text(json.dumps(bench), encoding="utf-8")
+    assert results.main(argv) == 0

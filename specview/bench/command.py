@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import torch
 from rich.console import Console
@@ -44,6 +45,8 @@ from specview.core.settings import Settings
 from specview.core.stopping import Stop, Stopped, run_stoppable
 from specview.session import memory_line, open_session
 
+PEER_SAY_S = 30.0
+
 
 def bench_command(args) -> int:
     return run_stoppable(_bench, args)
@@ -71,7 +74,7 @@ def _bench(args, stop: Stop) -> int:
         torch.manual_seed(settings.seed)  # the peers sample from torch's global generator
         generator = torch.Generator(device=session.device).manual_seed(settings.seed)
         skipped: dict[str, str] = {}
-        methods = make_methods(session, args.peer, generator, stop, skipped)
+        methods = make_methods(session, args.peer, generator, stop, skipped, peer_progress(progress, stderr))
         try:
             for name, why in skipped.items():  # an optional peer that cannot run here: one line, then go on
                 stderr.print(f"peer {name} skipped: {why}", soft_wrap=True, markup=False, highlight=False)
@@ -152,6 +155,22 @@ def _label(name: str, k: int | None) -> str:
     return f"{name} K={k}" if k is not None else name
 
 
+def peer_progress(progress: Progress, console: Console):
+    """A serving engine's start-up (vLLM: minutes of graph compile before it answers): its time so far and last log
+    line on the progress bar, or a line every PEER_SAY_S on a console that is not a terminal."""
+    state = {"task": None, "said": 0.0}
+
+    def on_progress(msg: str) -> None:
+        if state["task"] is None:
+            state["task"] = progress.add_task(msg, total=None)
+        progress.update(state["task"], description=msg[:120])
+        if not console.is_terminal and time.monotonic() - state["said"] >= PEER_SAY_S:
+            state["said"] = time.monotonic()
+            console.print(msg, soft_wrap=True, markup=False, highlight=False)
+
+    return on_progress
+
+
 def bench_progress(console: Console) -> Progress:
     return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=console, transient=console.is_terminal)
@@ -217,13 +236,8 @@ def build_doc(session, args, ks: list[int], records: dict, load_start, peer_info
     for name, info in (peer_info or {}).items():
         if name in methods:
             methods[name]["peer"] = info
-    for m in methods.values():  # a serving engine's own draft counts (llama-server's timings), pooled
-        runs = [r.get("engine") for r in m.get("runs") or []]
-        if runs and all(isinstance(e, dict) and "drafted" in e for e in runs):
-            drafted, accepted = sum(e["drafted"] for e in runs), sum(e["accepted"] for e in runs)
-            tokens = sum(r["tokens"] for r in m["runs"])
-            m.update(drafted=drafted, accepted=accepted, acceptance_rate=accepted / drafted if drafted else None,
-                     mean_emitted_per_step=tokens / (tokens - accepted) if tokens > accepted else None)
+    for m in methods.values():  # a serving engine's own draft counts (llama-server's timings, vLLM's counters), pooled
+        pool_engine_counts(m)
     config = {**s.to_json(), "num_runs": args.num_runs, "peer": args.peer,
               "sweep_k": ",".join(map(str, args.sweep_k)) if args.sweep_k else None,
               "prompt_tokens": len(session.prompt_ids)}
@@ -259,6 +273,24 @@ def build_doc(session, args, ks: list[int], records: dict, load_start, peer_info
     return json.loads(json.dumps(doc, allow_nan=False))  # fail here, not halfway through a write
 
 
+def pool_engine_counts(m: dict) -> None:
+    """A serving engine's draft counts over the timed runs: acceptance, tokens per step and (vLLM's counters) the
+    acceptance at each position = accepted there / verification steps."""
+    runs = [r.get("engine") for r in m.get("runs") or []]
+    if not runs or not all(isinstance(e, dict) and "drafted" in e for e in runs):
+        return
+    drafted, accepted = sum(e["drafted"] for e in runs), sum(e["accepted"] for e in runs)
+    tokens = sum(r["tokens"] for r in m["runs"])
+    m.update(drafted=drafted, accepted=accepted, acceptance_rate=accepted / drafted if drafted else None,
+             mean_emitted_per_step=tokens / (tokens - accepted) if tokens > accepted else None)
+    if all("accepted_per_position" in e and "drafts" in e for e in runs):
+        drafts = sum(e["drafts"] for e in runs)
+        width = max(len(e["accepted_per_position"]) for e in runs)
+        per_pos = [sum((e["accepted_per_position"] + [0] * width)[i] for e in runs) for i in range(width)]
+        m.update(drafts=drafts, accepted_per_position=per_pos,
+                 per_position_acceptance=[a / drafts if drafts else None for a in per_pos])
+
+
 def peer_ratios(methods: dict, labels: dict, peers_of: dict, peers: list[str]) -> dict | None:
     """tokens/s of ours over a peer's: autoregressive over each peer's plain decoding (hf_generate,
     llamacpp_generate), our first speculative method over llama.cpp's plain and speculative decoding (does
@@ -279,6 +311,10 @@ def peer_ratios(methods: dict, labels: dict, peers_of: dict, peers: list[str]) -
     if "llama_server_speculative" in tps:  # our first drafter against llama-server's speculation
         ratios["speculative_over_llama_server_speculative"] = _over(tps.get("speculative"),
                                                                     tps["llama_server_speculative"])
+    if "vllm_generate" in tps:
+        ratios["autoregressive_over_vllm_generate"] = _over(tps["autoregressive"], tps["vllm_generate"])
+    if "vllm_speculative" in tps:  # our first drafter against vLLM's speculation
+        ratios["speculative_over_vllm_speculative"] = _over(tps.get("speculative"), tps["vllm_speculative"])
     for label, doing in peers_of.items():
         for peer in doing:
             if peer in tps:

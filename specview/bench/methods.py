@@ -181,7 +181,7 @@ class _StopCriterion(StoppingCriteria):
 
 
 def make_methods(session, peer: str | None, generator: torch.Generator, stop: Stop | None = None,
-                 skipped: dict | None = None) -> dict:
+                 skipped: dict | None = None, on_progress=lambda msg: None) -> dict:
     """name -> method object, in table order: autoregressive, one speculative method per drafter,
     draft_autoregressive (when the first model drafter exists), then the peers that do the same work as
     one of ours (hf_assisted needs a draft model, hf_prompt_lookup an ngram drafter; llama.cpp's two
@@ -209,11 +209,22 @@ def make_methods(session, peer: str | None, generator: torch.Generator, stop: St
             methods["hf_prompt_lookup"] = HFMethod(session, assisted=False, stop=stop, lookup=ngram)
     if "llamacpp" in peers:
         methods.update(llamacpp_methods(session, stop, ngram, skipped))
-    server = next((p for p in peers if p.partition(":")[0] == "llama-server"), None)
-    if server is not None:
-        from specview.bench.llama_server import llama_server_methods
+    try:  # the serving engines' servers: a failure or a stop while one starts stops those already started
+        server = next((p for p in peers if p.partition(":")[0] == "llama-server"), None)
+        if server is not None:
+            from specview.bench.llama_server import llama_server_methods
 
-        methods.update(llama_server_methods(session, stop, server, skipped))
+            methods.update(llama_server_methods(session, stop, server, skipped))
+        vllm = next((p for p in peers if p.partition(":")[0] == "vllm"), None)
+        if vllm is not None:
+            from specview.bench.vllm_peer import vllm_methods
+
+            methods.update(vllm_methods(session, stop, vllm, skipped, on_progress))
+    except BaseException:
+        for method in methods.values():
+            if hasattr(method, "close"):
+                method.close()
+        raise
     return methods
 
 

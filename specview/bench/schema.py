@@ -5,15 +5,19 @@ from specview.core.file_schemas import BENCH_SCHEMA  # noqa: F401 - bench's modu
 
 METHOD_ORDER = ("autoregressive", "speculative", "draft_autoregressive", "hf_generate", "hf_assisted",
                 "hf_prompt_lookup", "llamacpp_generate", "llamacpp_prompt_lookup", "llama_server_generate",
-                "llama_server_speculative")  # then speculative:<spec> for each further drafter
+                "llama_server_speculative", "vllm_generate", "vllm_speculative")  # then speculative:<spec> for each
+# further drafter
 # peer methods whose work depends on K
-DRAFTING_PEERS = ("hf_assisted", "hf_prompt_lookup", "llamacpp_prompt_lookup", "llama_server_speculative")
+DRAFTING_PEERS = ("hf_assisted", "hf_prompt_lookup", "llamacpp_prompt_lookup", "llama_server_speculative",
+                  "vllm_speculative")
 PEER_METHODS = ("hf_generate", "hf_assisted", "hf_prompt_lookup", "llamacpp_generate", "llamacpp_prompt_lookup",
-                "llama_server_generate", "llama_server_speculative")
+                "llama_server_generate", "llama_server_speculative", "vllm_generate", "vllm_speculative")
 # hf = transformers' generate(), assisted generation and prompt lookup; llamacpp = llama-cpp-python on the
 # target's GGUF file, plain and with its prompt lookup; llama-server[:TYPE] = llama.cpp's server on that file,
-# plain and with its speculative TYPE (bench/llama_server.py)
-PEERS = ("hf", "llamacpp", "llama-server")
+# plain and with its speculative TYPE (bench/llama_server.py); vllm[:METHOD] = vLLM's server on the target's folder,
+# plain and with its speculative METHOD (bench/vllm_peer.py)
+PEERS = ("hf", "llamacpp", "llama-server", "vllm")
+TYPED_PEERS = ("llama-server", "vllm")  # the peers that take :TYPE
 
 
 def peer_names(peer: str | None) -> list[str]:

@@ -106,9 +106,9 @@ def peer_lines(doc: dict) -> list[Text]:
     """How the llama.cpp peer ran: its file, weights and kernels are not ours, and a reader must know. (A
     skipped peer is said once, on stderr, when bench runs; the file keeps it in `peers_skipped`.)"""
     methods = doc.get("methods") or {}
-    lines = server_lines(doc)
+    lines = server_lines(doc) + vllm_lines(doc)
     info = next((m["peer"] for m in methods.values() if isinstance(m, dict) and isinstance(m.get("peer"), dict)
-                 and m["peer"].get("implementation") != "llama-server"), None)
+                 and m["peer"].get("implementation") not in ("llama-server", "vllm")), None)
     if not info:
         return lines
     return lines + [Text(f"llamacpp: {info.get('implementation')} {info.get('version')} on "
@@ -138,6 +138,34 @@ def server_lines(doc: dict) -> list[Text]:
     out.append(Text(f"llama-server: {info.get('version')} on {os.path.basename(str(info.get('gguf')))} (the file's own "
                     f"weights and kernels), {info.get('n_threads')} threads; flags "
                     f"{' '.join(str(f) for f in (spec or {}).get('peer', info).get('flags') or [])}", style="dim"))
+    return out
+
+
+def vllm_lines(doc: dict) -> list[Text]:
+    """vLLM's speculation beside ours: its acceptance, per position and tokens per step from its Prometheus counters,
+    ours from our steps, and how it ran (version, flags, start-up time, never timed)."""
+    methods = doc.get("methods") or {}
+    spec, plain = methods.get("vllm_speculative"), methods.get("vllm_generate")
+    info = ((spec or plain or {}).get("peer")) if isinstance(spec or plain, dict) else None
+    if not isinstance(info, dict):
+        return []
+    out = []
+    if isinstance(spec, dict):
+        ours = methods.get("speculative") or {}
+        positions = " ".join(fmt(v, "{:.0%}", "-") for v in spec.get("per_position_acceptance") or []) or "n/a"
+        out.append(Text(f"vLLM {spec['peer'].get('method')}: acceptance {fmt(spec.get('acceptance_rate'), '{:.1%}')} "
+                        f"({spec.get('accepted')} of {spec.get('drafted')} drafts; at positions 1..K {positions}), "
+                        f"{fmt(spec.get('mean_emitted_per_step'), '{:.2f}')} tokens per step, "
+                        f"{fmt(spec.get('tokens_per_s'), '{:.1f}')} tokens/s · ours ({ours.get('drafter')}): acceptance "
+                        f"{fmt(doc.get('acceptance_rate'), '{:.1%}')}, {fmt(doc.get('mean_emitted_per_step'), '{:.2f}')} "
+                        f"tokens per step, {fmt(ours.get('tokens_per_s'), '{:.1f}')} tokens/s"))
+    started = ", ".join(f"{m['peer'].get('method') or 'plain'} {fmt(m['peer'].get('start_s'), '{:.0f}')} s"
+                        for m in (plain, spec) if isinstance(m, dict) and isinstance(m.get("peer"), dict))
+    out.append(Text(f"vLLM: {info.get('version')} (serves {info.get('version_served')}) on "
+                    f"{os.path.basename(str(info.get('model')))} in float32 (the weights ours run), "
+                    f"{info.get('n_threads')} threads; acceptance from its /metrics counters; start-up (not timed): "
+                    f"{started}; flags {' '.join(str(f) for f in (spec or plain)['peer'].get('flags') or [])}",
+                    style="dim"))
     return out
 
 

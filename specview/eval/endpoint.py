@@ -17,7 +17,7 @@ from specview.core import host
 from specview.core.errors import SpecviewError
 from specview.core.events import nonfinite_to_none
 from specview.core.files import ensure_writable_dir, write_json_atomic
-from specview.core.prompt_sets import Prompt, digest, load_prompts
+from specview.core.prompt_sets import BUILTIN, Prompt, digest, load_prompts
 from specview.core.settings import K_LIMIT, Settings
 from specview.core.stopping import Stop, run_stoppable
 from specview.eval.categories import AUTOREGRESSIVE
@@ -48,9 +48,12 @@ def _eval(args, stop: Stop) -> int:
     engine = probe(args.endpoint, need_speculation=True)
     base = probe(args.baseline_endpoint, False, "--baseline-endpoint") if args.baseline_endpoint else None
     try:
+        args.chat, settings.ignore_eos = prompt_form(args, settings, engine)
         t0 = time.perf_counter()
-        for endpoint in filter(None, (base, engine)):  # warm-up, not kept
-            endpoint.complete(prompts[0].text, _short(settings), bool(args.chat))
+        warmup = []
+        for endpoint in filter(None, (base, engine)):  # warm-up, not kept (its counts are: meta.warmup)
+            done = endpoint.complete(prompts[0].text, _short(settings), args.chat)
+            warmup.append({"endpoint": endpoint.url, "tokens": done.tokens, "engine": done.raw})
         warmup_s = time.perf_counter() - t0
         engine.learn_spec_types()  # llama-server says its speculative types once a request has run
         config = endpoint_config(settings, args, prompts, engine, base)
@@ -62,7 +65,7 @@ def _eval(args, stop: Stop) -> int:
         meta = {"cpu": host.cpu_summary(), "cpu_flags": host.cpu_flags(), "device": engine.url,
                 "threads": None, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_results": 0,
                 "engine": engine.info, "baseline_engine": base.info if base else None,
-                "timing": {"warmup_s": warmup_s, "loop_s": 0.0, "runs_s": 0.0}}
+                "timing": {"warmup_s": warmup_s, "loop_s": 0.0, "runs_s": 0.0}, "warmup": warmup}
         results = [r for r in previous["results"] if r["prompt_id"] in {p.id for p in prompts}] if previous else []
         if previous:
             results = whole_prompts(results, config)
@@ -95,6 +98,15 @@ def _eval(args, stop: Stop) -> int:
         stdout = stderr  # the tables and plots go beside it, on stderr
     show(doc, out, args, stdout, stderr)
     return 130 if interrupted or stop else 0
+
+
+def prompt_form(args, settings: Settings, engine: Endpoint) -> tuple[bool, bool]:
+    """(chat, ignore_eos) as eval treats prompts for its own engine, so the defaults give N tokens per prompt: the
+    builtin set goes through the chat template where the server has one (an instruct model: the raw first turn is
+    often answered with end-of-sequence at once); prompts sent as written go with ignore_eos. --chat / --no-chat
+    and --ignore-eos decide where given."""
+    chat = args.chat if args.chat is not None else args.prompts == BUILTIN and engine.has_chat_template()
+    return bool(chat), bool(settings.ignore_eos or not chat)
 
 
 def _short(settings: Settings) -> Settings:
@@ -167,7 +179,7 @@ def result_record(prompt: Prompt, label: str | None, done: Completion, reference
               "wall_s": done.wall_s, "prefill_ms": done.engine_prompt_ms, "engine_gen_ms": done.engine_gen_ms,
               "prompt_tokens": done.prompt_tokens,
               "same_tokens": None if reference is None else done.text == reference,
-              "first_difference": None, "text": done.text, "engine": done.raw}
+              "first_difference": None, "text": done.text, "stop": done.stop, "engine": done.raw}
     if speculative:  # a baseline has no drafts: the keys are left out, not zero
         record.update(drafted=done.drafted, accepted=done.accepted, drafts=done.drafts,
                       accepted_per_position=done.accepted_per_position)

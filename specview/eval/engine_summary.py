@@ -8,6 +8,8 @@ engine's per-request counters instead of our steps. What an engine does not repo
   tokens_per_s            tokens / wall time of the requests as this client saw them (prefill and HTTP included);
                           engine_tokens_per_s: the engine's own generation rate (llama-server's predicted_ms)
   speedup                 against --baseline-endpoint, per prompt, as for our own engine; null without one
+  early_stops             requests that ended before N tokens (end-of-sequence, or an empty text: `stop` of each
+                          result); where there are any, tokens/s and τ cover those few tokens (the table says so)
 alpha, the cost ratios and the predicted speedups need per-step verdicts and timings no engine exports: null."""
 
 from __future__ import annotations
@@ -33,9 +35,17 @@ def _per_position(results: list[dict]) -> list[float | None]:
     return [ratio(sum((r["accepted_per_position"] + [0] * n)[i] for r in rs), drafts) for i in range(n)]
 
 
+def early_stops(results: list[dict]) -> int | None:
+    """How many requests ended before N tokens; None for a document written before requests were marked."""
+    if any("stop" not in r for r in results):
+        return None
+    return sum(r["stop"] != "length" for r in results)
+
+
 def baseline_metrics(results: list[dict]) -> dict:
     tokens, wall = _sum(results, "tokens") or 0, _sum(results, "wall_s") or 0.0
     return nonfinite_to_none({"prompts": len(results), "tokens": tokens, "steps": tokens, "wall_s": wall,
+                              "early_stops": early_stops(results),
                               "tokens_per_s": ratio(tokens, wall),
                               "engine_tokens_per_s": _engine_rate(results), "target_ms_per_token": None})
 
@@ -56,7 +66,7 @@ def group_metrics(results: list[dict], baseline: dict[str, dict]) -> dict:
     same = [r.get("same_tokens") for r in results]
     return nonfinite_to_none({
         "prompts": len(results), "tokens": tokens, "steps": steps, "wall_s": wall,
-        "drafted": drafted, "accepted": accepted, "drafts": drafts,
+        "early_stops": early_stops(results), "drafted": drafted, "accepted": accepted, "drafts": drafts,
         "acceptance_rate": ratio(accepted, drafted),
         "alpha": None,
         "mean_accepted_tokens": ratio(tokens, steps),  # tau

@@ -26,8 +26,9 @@ def render(doc: dict) -> Group:
     done = {r["prompt_id"] for r in doc.get("results") or []}
     prompts = doc.get("prompts") or []
     k = "drafts: the engine's own" if c.get("engine") else f"K {c.get('k')}"
+    form = prompt_form(c) if c.get("engine") else f"chat {c.get('chat')}"
     head = (f"target {c.get('target')} · N {c.get('max_new_tokens')} · {k} · temperature "
-            f"{c.get('temperature')}{' (greedy)' if c.get('temperature') == 0 else ''} · chat {c.get('chat')} · "
+            f"{c.get('temperature')}{' (greedy)' if c.get('temperature') == 0 else ''} · {form} · "
             f"prompts {c.get('prompts')}: {len(done)} of {len(prompts)} done"
             + (f" · draft policies {', '.join(policies(c))}" if policies(c) != ["fixed"] and not c.get("engine")
                else ""))
@@ -37,6 +38,7 @@ def render(doc: dict) -> Group:
     parts = [Text(head, style="bold"), Text(machine, style="dim"), category_table(doc), positions_table(doc)]
     if c.get("engine"):
         parts.append(Text(engine_rates(doc), style="dim"))
+        parts += [Text(line, style="yellow") for line in early_stop_lines(doc)]
     parts += [Text(line, style="yellow") for line in token_mismatches(doc)]
     if doc.get("interrupted") or not doc.get("complete", True):
         parts.append(Text(f"incomplete: {len(done)} of {len(prompts)} prompts; `specview eval --resume FILE` "
@@ -52,6 +54,38 @@ def engine_line(c: dict) -> str:
     return (f"engine {e.get('kind')} {e.get('version') or ''} at {e.get('url')} · acceptance from its own counters "
             f"({'timings.draft_n' if e.get('kind') == 'llama-server' else '/metrics deltas'}); alpha, c and v "
             f"need per-step figures it does not export · {base}")
+
+
+def prompt_form(c: dict) -> str:
+    """How an endpoint's eval sent the prompts (eval --endpoint's prompt_form)."""
+    if c.get("chat"):
+        return "prompts through the server's chat template" + (", ignore_eos" if c.get("ignore_eos") else "")
+    return "prompts as written" + (", ignore_eos (N tokens each)" if c.get("ignore_eos") else ", stops at EOS")
+
+
+def early_stops(doc: dict) -> dict[str, int]:
+    """category -> requests that ended before N tokens (end-of-sequence, or an empty text), where any did."""
+    out: dict[str, int] = {}
+    for r in doc.get("results") or []:
+        if r.get("stop") not in (None, "length"):
+            out[r["category"]] = out.get(r["category"], 0) + 1
+    return out
+
+
+def early_stop_lines(doc: dict) -> list[str]:
+    """The warning an endpoint's eval owes its reader when requests ended early: their tokens/s and τ cover only
+    the few tokens they gave."""
+    early = early_stops(doc)
+    if not early:
+        return []
+    results = doc.get("results") or []
+    n = (doc.get("config") or {}).get("max_new_tokens")
+    where = ", ".join(f"{cat} {count}" for cat, count in early.items())
+    hint = "--ignore-eos for N tokens each" if (doc.get("config") or {}).get("chat") else \
+        "--chat for an instruct model, or --ignore-eos"
+    return [f"{sum(early.values())} of {len(results)} requests ended before N={n} tokens (end-of-sequence or an empty "
+            f"text; `stop` in the JSON): {where}. tokens/s and τ of those categories cover those few tokens only, "
+            f"not N ({hint})"]
 
 
 def engine_rates(doc: dict) -> str:
@@ -83,6 +117,9 @@ def category_table(doc: dict) -> Table:
     for col in ("category", "prompts", "accept", "alpha", "τ", "tok/s", "AR\ntok/s", "speedup\nmean", "speedup\ntotal",
                 "predicted", "same\ntokens"):
         table.add_column(col, justify="left" if col == "category" else "right")
+    early = early_stops(doc) if c.get("engine") else {}
+    if early:
+        table.add_column("ended\nearly", justify="right")
     drafters = _drafters(doc)
     for d in drafters:
         s = summary[d]
@@ -94,11 +131,12 @@ def category_table(doc: dict) -> Table:
             base = (ar.get("overall") if cat == "all" else (ar.get("by_category") or {}).get(cat)) or {}
             failures = m.get("same_tokens_failures")
             same = "n/a" if failures is None else "yes" if not failures else f"no: {len(failures)}"
+            more = [fmt(m.get("early_stops"), "{}")] if early else []
             table.add_row(Text(names[i]) if i < len(names) else "", cat, str(m.get("prompts", "")), fmt(m.get("acceptance_rate"), "{:.0%}"),
                           fmt(m.get("alpha"), "{:.2f}"), fmt(m.get("mean_accepted_tokens")),
                           fmt(m.get("tokens_per_s"), "{:.1f}"), fmt(base.get("tokens_per_s"), "{:.1f}"),
                           fmt(m.get("speedup_mean_of_prompts"), SPEEDUP), fmt(m.get("speedup_total_time"), SPEEDUP),
-                          fmt(m.get("predicted_speedup"), SPEEDUP), same,
+                          fmt(m.get("predicted_speedup"), SPEEDUP), same, *more,
                           style="bold" if cat == "all" else None, end_section=cat == "all" and d != drafters[-1])
     return table
 

@@ -24,6 +24,7 @@ from specview.remote.prometheus import SpecCounters, engine_of, spec_counters
 TIMEOUT_S = 10.0  # probing; a completion may take long (read=None)
 SETTLE_S = 2.0  # how long the counters may lag the response (llama-server adds a request's counts as its slot ends)
 LLAMA_SERVER, VLLM, OPENAI = "llama-server", "vllm", "openai"
+LENGTH, EOS, EMPTY = "length", "eos", "empty"  # Completion.stop
 NO_SPECULATION = {
     LLAMA_SERVER: "llama-server at {url} does not speculate: start it with --spec-type (ngram-simple, ngram-map-k, "
                   "ngram-mod) or -md DRAFT.gguf",
@@ -49,6 +50,20 @@ class Completion:
     engine_prompt_ms: float | None = None
     engine_gen_ms: float | None = None
     raw: dict = field(default_factory=dict)
+    stop: str = LENGTH  # LENGTH: the N tokens asked for; EOS or EMPTY: the request ended early (see ended())
+
+    @property
+    def early(self) -> bool:
+        return self.stop != LENGTH
+
+
+def ended(text: str, tokens: int, asked: int) -> str:
+    """Why a request ended: LENGTH when it gave the N tokens asked for, EMPTY when its text is empty (an instruct
+    model that answers a raw first turn with end-of-sequence), EOS when it stopped before N. tokens/s and tau of
+    a request that ended early cover only its few tokens."""
+    if not text.strip():
+        return EMPTY
+    return LENGTH if tokens >= asked else EOS
 
 
 class Endpoint:
@@ -77,6 +92,21 @@ class Endpoint:
                     self.info["spec_types"] = ",".join(named)
                     return
 
+    def has_chat_template(self) -> bool:
+        """Whether the server applies a chat template (/v1/chat/completions would work): llama-server says so in
+        /props; vLLM's /tokenize applies the template to messages and answers an error without one."""
+        if self.kind == LLAMA_SERVER:
+            return bool(self.info.get("chat_template"))
+        if self.kind != VLLM:
+            return False
+        body = {"model": self.info.get("model") or "", "messages": [{"role": "user", "content": "hello"}],
+                "add_generation_prompt": True}
+        try:
+            response = self.client.post("/tokenize", json=body)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200 and isinstance(_json(response), dict)
+
     def counters(self) -> SpecCounters | None:
         if not self.metrics:
             return None
@@ -100,6 +130,8 @@ class Endpoint:
         except ValueError:
             raise SpecviewError(f"{self.url}{path} did not answer JSON: not an OpenAI-compatible server") from None
         done = self._read(data, wall, chat)
+        done.raw["request"] = {"path": path, "body": body}  # replayable by hand: the counts come back the same
+        done.stop = ended(done.text, done.tokens, settings.max_new_tokens)
         if before is not None:
             self._add_deltas(done, before)
         return done
@@ -130,18 +162,21 @@ class Endpoint:
         timings = data.get("timings") if isinstance(data.get("timings"), dict) else None
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         if "content" in data:  # llama-server's /completion
-            text = data["content"]
+            text, finish = data["content"], data.get("stop_type")
         else:
             try:
                 choice = data["choices"][0]
                 text = choice["message"]["content"] if chat else choice["text"]
             except (KeyError, IndexError, TypeError):
                 raise SpecviewError(f"{self.url} answered JSON that is not an OpenAI completion") from None
+            finish = choice.get("finish_reason") if isinstance(choice, dict) else None
         tokens = (timings or {}).get("predicted_n", data.get("tokens_predicted", usage.get("completion_tokens")))
         if not isinstance(tokens, int):
             raise SpecviewError(f"{self.url} did not say how many tokens it generated (usage.completion_tokens)")
         prompt_tokens = (timings or {}).get("prompt_n", usage.get("prompt_tokens"))
         done = Completion(text=text or "", tokens=tokens, prompt_tokens=prompt_tokens, wall_s=wall)
+        if finish is not None:
+            done.raw["finish_reason"] = finish  # as the engine said it (OpenAI's finish_reason, llama-server's stop_type)
         if timings is not None:
             done.raw["timings"] = timings
             done.engine_prompt_ms, done.engine_gen_ms = timings.get("prompt_ms"), timings.get("predicted_ms")
@@ -167,7 +202,7 @@ class Endpoint:
         done.raw["metrics_delta"] = delta.to_json()
         done.drafts = delta.drafts
         done.accepted_per_position = delta.per_position
-        if done.drafted is None and self.kind != LLAMA_SERVER:  # vLLM: the counters are the only source
+        if done.drafted is None and self.speculative:  # vLLM (and a llama-server answer without timings)
             done.drafted, done.accepted = delta.draft_tokens, delta.accepted
 
     def _get(self, path: str) -> httpx.Response:
@@ -219,7 +254,8 @@ def _identify(url: str, client: httpx.Client, what: str) -> Endpoint:
                 "model": _model_name(props.get("model_path")), "model_path": props.get("model_path"),
                 "speculative": speculative, "metrics": exported == "llamacpp",
                 "speculative_params": {k: v for k, v in params.items() if k.startswith("speculative.")},
-                "n_ctx": (props.get("default_generation_settings") or {}).get("n_ctx")}
+                "n_ctx": (props.get("default_generation_settings") or {}).get("n_ctx"),
+                "chat_template": bool(props.get("chat_template"))}
         return Endpoint(url, client, LLAMA_SERVER, info, exported == "llamacpp")
     models = _json(get("/v1/models"))
     model = None

@@ -5,7 +5,7 @@ p and q, no per-step verdict; the figures here are the ones its counters define.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -30,6 +30,16 @@ class Figures:
     tokens: int | None = None
     seconds: float | None = None
     text: str = ""
+    stop: str | None = None  # a request's: "length" (N tokens), or "eos" / "empty" when it ended early
+
+    @property
+    def early(self) -> str | None:
+        """The warning a request that ended before N tokens needs: its figures cover its few tokens only."""
+        if self.stop in (None, "length"):
+            return None
+        said = "an empty text" if self.stop == "empty" else f"end-of-sequence after {self.tokens} tokens"
+        return (f"the request ended early ({said}): its acceptance, tokens per step and tokens/s cover those tokens "
+                "only (--ignore-eos for N tokens)")
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -95,7 +105,12 @@ class EngineWatch:
         return from_counters(counters, "since the server started", None), recent
 
     def request(self) -> Figures:
-        done = self.endpoint.complete(self.settings.prompt, self.settings, self.settings.chat)
+        """The TUI's prompt, as eval --endpoint sends prompts: through the chat template with --chat, else as
+        written with ignore_eos, so the request gives N tokens (an instruct model answers a raw prompt with
+        end-of-sequence at once); an early end is marked all the same."""
+        s = self.settings
+        sent = replace(s, ignore_eos=bool(s.ignore_eos or not s.chat))
+        done = self.endpoint.complete(s.prompt, sent, s.chat)
         per_pos = [ratio(a, done.drafts) for a in done.accepted_per_position or []]
         return Figures("request", done.drafted, done.accepted, done.drafts, per_pos, done.tokens,
-                       done.wall_s, done.text)
+                       done.wall_s, done.text, done.stop)

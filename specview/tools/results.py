@@ -2,6 +2,7 @@
 docs/benchmarks.md, written from them. No torch: it reads and writes JSON and Markdown only.
 
     python -m specview.tools.results add BENCH.json --name NAME   # a bench file -> docs/results/NAME.json
+                                                                  # (refused when it ran under load: --allow-load)
     python -m specview.tools.results                              # docs/benchmarks.md and README's table (make results)
     python -m specview.tools.results --check                      # exit 1 when either is not what the files give
 
@@ -55,6 +56,23 @@ def distill(bench: dict, name: str, cores: int | None = None) -> dict:
         "bandwidth_gbs": roofline.get("bandwidth_gbs"),
         "memory": {key: (bench.get("memory") or {}).get(key) for key in ("peak_rss_mb", "weights_total_mb")},
     }
+
+
+def load_problem(bench: dict) -> str | None:
+    """Why a bench run's figures are not the machine's: a 1-minute load average, at its start or its end, above the
+    threads it used means other work shared its cores (bench itself adds about its threads). None when quiet."""
+    meta = bench.get("meta") or {}
+    threads = meta.get("threads")
+    said = {when: ((meta.get("load_avg") or {}).get(when) or [None])[0] for when in ("start", "end")}
+    said = {when: value for when, value in said.items() if isinstance(value, (int, float))}
+    if not isinstance(threads, int) or not said:
+        return None
+    when, worst = max(said.items(), key=lambda item: item[1])
+    if worst <= threads:
+        return None
+    return (f"it ran under a load average of {worst:.1f} (at its {when}) with {threads} thread{'s' * (threads != 1)}: "
+            "other work shared its cores, so its tokens/s are not this machine's. Measure again on a quiet machine, "
+            "or add it anyway with --allow-load")
 
 
 def load(folder: Path) -> list[dict]:
@@ -190,10 +208,17 @@ def main(argv: list[str] | None = None) -> int:
     add.add_argument("--name", required=True, help="the machine, without a host name: e.g. amd-epyc-avx512-2vcpu")
     add.add_argument("--cores", type=int, default=os.cpu_count(), help="cores of the machine (default: this one's)")
     add.add_argument("--headline", action="store_true", help="README's table shows this machine")
+    add.add_argument("--allow-load", action="store_true",
+                     help="add a run whose load average exceeded the threads it used (refused otherwise)")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "add":
-            doc = distill(json.loads(args.bench.read_text(encoding="utf-8")), args.name, args.cores)
+            bench = json.loads(args.bench.read_text(encoding="utf-8"))
+            busy = load_problem(bench)
+            if busy is not None and not args.allow_load:
+                print(f"results: refused {args.bench}: {busy}", file=sys.stderr)
+                return 2
+            doc = distill(bench, args.name, args.cores)
             if args.headline:
                 doc["headline"] = True
             path = args.root / "docs" / "results" / f"{args.name}.json"

@@ -96,8 +96,9 @@ class EngineApp(App):
         self.query_one("#figures", Static).update(
             figures_table(rows) if rows else Text(note + "space sends the prompt and shows its counts"))
         answer = self.answered.text if self.answered is not None else ""
+        early = self.answered.early if self.answered is not None else None
         self.query_one("#text", Static).update(Text.assemble((self.status + "\n", "red") if self.status else "",
-                                                            note, answer))
+                                                            (early + "\n", "yellow") if early else "", note, answer))
 
 
 class _NoBackend:

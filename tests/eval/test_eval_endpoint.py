@@ -67,8 +67,63 @@ def test_vllm_acceptance_from_metric_deltas_without_baseline(capsys, tmp_path):
         m = doc["summary"][label]["by_category"][cat]
         assert m["acceptance_rate"] == expected(cat)
         assert m["speedup_mean_of_prompts"] is None and m["tokens_per_s"] > 0  # no baseline: tokens/s only
-    assert all(path == "/v1/completions" for path, _ in engine.requests)
+    sent = [(path, body) for path, body in engine.requests if path != "/tokenize"]  # /tokenize: a template?
+    assert all(path == "/v1/completions" and body["ignore_eos"] is True for path, body in sent)
     assert "no --baseline-endpoint: tokens/s only" in stdout.replace("\n", " ")
+    assert all(r["stop"] == "length" and r["tokens"] == N for r in doc["results"])
+    assert "prompts as written, ignore_eos (N tokens each)" in " ".join(stdout.split())
+
+
+def test_an_instruct_model_gets_its_chat_template_and_n_tokens(capsys, tmp_path):
+    """The defaults give N tokens per prompt: where the server has a chat template the builtin prompts go through
+    it (the fake, like SmolLM2-Instruct, answers a raw first turn with end-of-sequence at once)."""
+    for kind in ("vllm", "llama-server"):
+        with fake_engine(kind, template=True) as (engine, url):
+            code, stdout, _, doc = run_eval(capsys, tmp_path, url, "--categories", "qa")
+        assert code == 0
+        assert doc["config"]["chat"] is True and doc["config"]["ignore_eos"] is False
+        assert [p for p, _ in engine.requests if p.startswith("/v1/")] == ["/v1/chat/completions"] * 3
+        assert all(r["stop"] == "length" and r["tokens"] == N for r in doc["results"])
+        assert "prompts through the server's chat template" in " ".join(stdout.split())
+        assert "ended before" not in stdout
+
+
+def test_requests_that_end_early_are_marked_counted_and_warned(capsys, tmp_path):
+    # --no-chat on an instruct model: ignore_eos keeps N tokens
+    with fake_engine("vllm", template=True) as (engine, url):
+        code, _, _, doc = run_eval(capsys, tmp_path, url, "--categories", "qa", "--no-chat")
+    assert code == 0 and all(r["stop"] == "length" and r["tokens"] == N for r in doc["results"])
+    assert all(body["ignore_eos"] is True for path, body in engine.requests if path == "/v1/completions")
+    # answers that end after 5 tokens: marked in the JSON, counted per category, warned about
+    with fake_engine("vllm", template=True, eos_after=5) as (engine, url):
+        code, stdout, _, doc = run_eval(capsys, tmp_path, url, "--categories", "qa,math")
+    assert code == 0
+    assert all(r["stop"] == "eos" and r["tokens"] == 5 for r in doc["results"])
+    assert all(r["engine"]["finish_reason"] == "stop" for r in doc["results"])
+    summary = doc["summary"]["vllm"]
+    assert summary["overall"]["early_stops"] == 4 and summary["by_category"]["qa"]["early_stops"] == 2
+    flat = " ".join(stdout.split())
+    assert "ended" in stdout.split("per category")[1].split("\n")[2]  # the table's column of early ends
+    assert "4 of 4 requests ended before N=12 tokens" in flat and "qa 2, math 2" in flat
+    assert "cover those few tokens only" in flat
+
+
+def test_an_empty_answer_is_an_early_end():
+    """A raw first turn sent to an instruct model without ignore_eos (what --attach and eval no longer do by
+    default): one token, an empty text."""
+    from specview.core.settings import Settings
+    from specview.remote.endpoint import EMPTY, EOS, LENGTH, ended, probe
+
+    assert (ended("", 32, 32), ended(" \n", 1, 32), ended("a b", 2, 32), ended("a b", 32, 32)) == (EMPTY, EMPTY, EOS,
+                                                                                                  LENGTH)
+    for kind in ("vllm", "llama-server"):
+        with fake_engine(kind, template=True) as (_, url):
+            endpoint = probe(url, need_speculation=True)
+            try:
+                done = endpoint.complete("What is two plus two?", Settings(max_new_tokens=N, temperature=0.0))
+            finally:
+                endpoint.close()
+        assert (done.stop, done.tokens, done.text, done.early) == (EMPTY, 1, "", True)
 
 
 def test_resume_sends_only_the_missing_prompts(capsys, tmp_path):

@@ -40,31 +40,26 @@ def server():
 
 def test_eval_acceptance_is_the_servers_timings_summed_and_replays(server, capsys, tmp_path):
     out = tmp_path / "ev.json"
-    code, _, err = run_cli(capsys, "eval", "--endpoint", server.url, "--limit", "2", "--categories", "translation,rag",
-                           "-N", "32", "--json", str(out), "--no-plots")
+    code, out_text, err = run_cli(capsys, "eval", "--endpoint", server.url, "--limit", "2", "--categories",
+                                  "translation,rag", "-N", "32", "--json", str(out), "--no-plots")
     assert code == 0, err
     doc = json.loads(out.read_text())
     label = doc["config"]["drafters"][0]
     assert label == "llama-server:ngram-simple" and doc["config"]["engine"]["version"]
-    assert doc["summary"][label]["overall"]["drafted"] > 0  # these prompts draft (others end at once, unwrapped)
+    assert doc["config"]["chat"] is True  # the bundled model is an instruct model with a template
+    assert doc["summary"][label]["overall"]["drafted"] > 0
     for cat, m in doc["summary"][label]["by_category"].items():
         rs = [r for r in doc["results"] if r["category"] == cat]
         t = [r["engine"]["timings"] for r in rs]
         assert m["acceptance_rate"] == (sum(x.get("draft_n_accepted", 0) for x in t) / sum(x.get("draft_n", 0) for x in t)
                                         if sum(x.get("draft_n", 0) for x in t) else None)
-    body = {"prompt": None, "n_predict": 32, "stream": False, "temperature": 0.0, "top_p": 1.0, "seed": 0,
-            "ignore_eos": False, "cache_prompt": False, "min_p": 0.0, "top_k": 0, "repeat_penalty": 1.0}
-    prompts = {p["id"]: p for p in doc["prompts"]}
-    from specview.core.prompt_sets import BUILTIN, load_prompts
-
-    texts = {p.id: p.text for p in load_prompts(BUILTIN, 2, ["translation", "rag"])}
-    for r in doc["results"]:  # by hand, the documented request: the same counts
-        assert r["prompt_id"] in prompts
-        again = httpx.post(server.url + "/completion", json={**body, "prompt": texts[r["prompt_id"]]},
-                           timeout=None).json()["timings"]
+    for r in doc["results"]:  # by hand, the request the file keeps: the same counts
+        request = r["engine"]["request"]
+        again = httpx.post(server.url + request["path"], json=request["body"], timeout=None).json()["timings"]
         assert (again.get("draft_n", 0), again.get("draft_n_accepted", 0)) == (r["drafted"], r["accepted"])
         assert r["engine"]["metrics_delta"]["draft_tokens"] == r["drafted"]  # /metrics agrees with the timings
         assert r["engine"]["metrics_delta"]["accepted"] == r["accepted"]
+        assert r["stop"] == "length" or r["stop"] in ("eos", "empty") and "ended before" in " ".join(out_text.split())
 
 
 def test_attach_reads_the_servers_counters(server):

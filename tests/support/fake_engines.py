@@ -1,8 +1,10 @@
 """Small fake serving engines on a loopback port, answering in the shapes llama-server and vLLM document
 (llama-server: /props, /slots, /completion with `timings`, /metrics under `llamacpp:`; vLLM: /v1/models, /version,
 /v1/completions with `usage`, /metrics under `vllm:`), plus servers that are not engines. Their draft counts are a
-fixed function of the prompt, so a test knows every count a request must get. Real engines are tested in
-tests/remote/test_llama_server.py behind `make engines`."""
+fixed function of the prompt, so a test knows every count a request must get. `template=True` is an instruct model
+behind a chat template (llama-server's /props `chat_template`, vLLM's /tokenize of messages): it answers a raw
+prompt with end-of-sequence at once (one token, an empty text) unless ignore_eos; `eos_after=M` ends every other
+answer after M tokens unless ignore_eos. Real engines are tested in tests/remote/ behind `make engines`."""
 
 from __future__ import annotations
 
@@ -30,8 +32,10 @@ def drafts_for(prompt: str, n: int) -> tuple[int, int, int, list[int]]:
 class FakeEngine:
     """One fake server's state: its kind, its counters so far and the request bodies it got."""
 
-    def __init__(self, kind: str, speculative: bool = True, metrics: bool = True):
+    def __init__(self, kind: str, speculative: bool = True, metrics: bool = True, template: bool = False,
+                 eos_after: int | None = None):
         self.kind, self.speculative, self.metrics = kind, speculative, metrics
+        self.template, self.eos_after = template, eos_after
         self.requests: list[tuple[str, dict]] = []
         self.totals = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "generated": 0, "per_pos": [0, 0, 0, 0]}
         self.lock = threading.Lock()
@@ -61,8 +65,17 @@ class FakeEngine:
                   for i, v in enumerate(t["per_pos"])]
         return "\n".join(lines) + "\n"
 
-    def generate(self, prompt: str, n: int) -> tuple[str, dict]:
-        """The text (n words, a function of the prompt) and llama-server's timings for it; counts added."""
+    def answer_length(self, n: int, body: dict, chat: bool) -> int:
+        """How many tokens an answer gets: n, or fewer where the model ends it (see the module docstring)."""
+        if body.get("ignore_eos"):
+            return n
+        if self.template and not chat:
+            return min(n, 1)
+        return min(n, self.eos_after) if self.eos_after is not None else n
+
+    def generate(self, prompt: str, n: int, empty: bool = False) -> tuple[str, dict]:
+        """The text (n words, a function of the prompt; none when `empty`) and llama-server's timings for it;
+        counts added."""
         drafted, accepted, steps, per_pos = drafts_for(prompt, n) if self.speculative else (0, 0, 0, [0] * 4)
         with self.lock:
             t = self.totals
@@ -75,7 +88,7 @@ class FakeEngine:
                    "predicted_per_second": 100.0}
         if drafted:  # llama-server leaves both out when nothing was drafted
             timings.update(draft_n=drafted, draft_n_accepted=accepted)
-        return " ".join(f"w{(len(prompt) + i) % 7}" for i in range(n)), timings
+        return "" if empty else " ".join(f"w{(len(prompt) + i) % 7}" for i in range(n)), timings
 
 
 def _handler(engine: FakeEngine):
@@ -96,7 +109,8 @@ def _handler(engine: FakeEngine):
             if kind == "llama-server" and path == "/props":
                 params = {"speculative.types": "none"}  # the per-request default, as the real one says
                 return self._send(200, {"default_generation_settings": {"n_ctx": 4096, "params": params},
-                                        "model_path": "/models/fake.gguf", "build_info": "b9999-fake"})
+                                        "model_path": "/models/fake.gguf", "build_info": "b9999-fake",
+                                        "chat_template": "{{ messages }}" if engine.template else ""})
             if kind == "llama-server" and path == "/slots":
                 slot = {"id": 0, "speculative": engine.speculative}
                 if engine.requests:  # once a slot has served a request it shows its params
@@ -120,15 +134,31 @@ def _handler(engine: FakeEngine):
             kind = engine.kind
             if kind == "llama-server" and self.path == "/completion":
                 prompt = body["prompt"] if isinstance(body["prompt"], str) else " ".join(map(str, body["prompt"]))
-                text, timings = engine.generate(prompt, body["n_predict"])
-                out = {"content": text, "tokens_predicted": body["n_predict"], "timings": timings, "stop": True}
+                n = engine.answer_length(body["n_predict"], body, False)
+                text, timings = engine.generate(prompt, n, empty=n < body["n_predict"] and engine.template)
+                out = {"content": text, "tokens_predicted": n, "timings": timings, "stop": True,
+                       "stop_type": "limit" if n == body["n_predict"] else "eos"}
                 if body.get("return_tokens"):
-                    out["tokens"] = [(len(prompt) + i) % 7 for i in range(body["n_predict"])]
+                    out["tokens"] = [(len(prompt) + i) % 7 for i in range(n)]
                 return self._send(200, out)
-            if kind in ("llama-server", "vllm", "openai") and self.path == "/v1/completions":
-                text, timings = engine.generate(body["prompt"], body["max_tokens"])
-                out = {"object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
-                       "usage": {"prompt_tokens": timings["prompt_n"], "completion_tokens": body["max_tokens"]}}
+            if kind == "vllm" and self.path == "/tokenize" and "messages" in body:
+                if not engine.template:  # as vLLM answers a model without a chat template
+                    return self._send(400, {"error": {"message": "no chat template", "code": 400}})
+                return self._send(200, {"count": 3, "max_model_len": 8192, "tokens": [1, 2, 3]})
+            chat = self.path == "/v1/chat/completions" and engine.template
+            if kind in ("llama-server", "vllm", "openai") and (self.path == "/v1/completions" or chat):
+                prompt = body["messages"][-1]["content"] if chat else body["prompt"]
+                ids = None if isinstance(prompt, str) else prompt  # vLLM takes token ids too
+                prompt = prompt if ids is None else " ".join(map(str, ids))
+                n = engine.answer_length(body["max_tokens"], body, chat)
+                text, timings = engine.generate(prompt, n, empty=n < body["max_tokens"] and engine.template
+                                                and not chat)
+                choice = {"index": 0, "finish_reason": "length" if n == body["max_tokens"] else "stop"}
+                if body.get("return_token_ids"):
+                    choice["token_ids"] = [(len(prompt) + i) % 7 for i in range(n)]
+                choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+                out = {"object": "chat.completion" if chat else "text_completion", "choices": [choice],
+                       "usage": {"prompt_tokens": timings["prompt_n"], "completion_tokens": n}}
                 if kind == "llama-server":
                     out["timings"] = timings
                 return self._send(200, out)
@@ -138,9 +168,10 @@ def _handler(engine: FakeEngine):
 
 
 @contextmanager
-def fake_engine(kind: str, speculative: bool = True, metrics: bool = True):
+def fake_engine(kind: str, speculative: bool = True, metrics: bool = True, template: bool = False,
+                eos_after: int | None = None):
     """A FakeEngine serving on 127.0.0.1 (a free port) -> (engine, url)."""
-    engine = FakeEngine(kind, speculative, metrics)
+    engine = FakeEngine(kind, speculative, metrics, template, eos_after)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(engine))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -184,9 +215,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def fake_vllm(argv: list[str]) -> None:
+    """A stand-in for `python -m vllm.entrypoints.openai.api_server` (`bench --peer vllm` without `make engines`):
+    the fake's vLLM answers on --port. Like the real one, it first starts a child of its own (vLLM's EngineCore),
+    which here ignores SIGTERM: only a stop of the whole process group ends it. Its pid goes to $FAKE_VLLM_PIDS
+    (appended, one a line); $FAKE_VLLM_NEVER_READY keeps the server from ever listening (a start-up that does not
+    end)."""
+    import os
+    import subprocess
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                              "while True: time.sleep(1)"])
+    if os.environ.get("FAKE_VLLM_PIDS"):
+        with open(os.environ["FAKE_VLLM_PIDS"], "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()}\n{child.pid}\n")
+    if os.environ.get("FAKE_VLLM_NEVER_READY"):
+        while True:
+            print("Compiling a graph", flush=True)
+            time.sleep(0.2)
+    port = int(argv[argv.index("--port") + 1])
+    engine = FakeEngine("vllm", speculative="--speculative-config" in argv)
+    print(f"serving on {port}", flush=True)
+    ThreadingHTTPServer(("127.0.0.1", port), _handler(engine)).serve_forever()
+
+
 def main(argv: list[str]) -> None:
     """A stand-in for the llama-server binary (`bench --peer llama-server` without `make engines`): the flags
-    specview passes, --version, and the fake's answers on --port until it is terminated."""
+    specview passes, --version, and the fake's answers on --port until it is terminated. With `-m
+    vllm.entrypoints.openai.api_server`, vLLM's (fake_vllm)."""
+    if argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"]:
+        fake_vllm(argv[2:])
+        return
     if "--version" in argv:
         print("version: 0 (fake)", file=sys.stderr)
         return

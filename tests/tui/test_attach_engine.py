@@ -68,6 +68,41 @@ def test_the_screen_says_no_p_and_q_and_shows_a_request():
         assert asyncio.run(scenario(url)) == 0
 
 
+def test_an_instruct_model_still_gives_n_tokens_and_an_early_end_is_said():
+    """A raw prompt goes with ignore_eos (an instruct model answers it with end-of-sequence at once); with --chat an
+    answer that ends before N is marked, and the screen says its figures cover those tokens only."""
+    from dataclasses import replace
+
+    from specview.tui.engine_app import EngineApp
+
+    with fake_engine("vllm", template=True) as (engine, url):
+        watch = EngineWatch(open_engine(url), settings())
+        try:
+            asked = watch.request()
+        finally:
+            watch.endpoint.close()
+    assert (asked.tokens, asked.stop, asked.early) == (10, "length", None)
+    assert engine.requests[-1][0] == "/v1/completions" and engine.requests[-1][1]["ignore_eos"] is True
+
+    async def scenario(url):
+        app = EngineApp(EngineWatch(open_engine(url), replace(settings(), chat=True)))
+        async with app.run_test(size=(160, 30)) as pilot:
+            await pilot.press("space")
+            for _ in range(50):
+                await pilot.pause(0.05)
+                if app.answered is not None:
+                    break
+            text = " ".join(str(app.query_one("#text").render()).split())
+            await pilot.press("q")
+        return app.answered, text
+
+    with fake_engine("vllm", template=True, eos_after=4) as (engine, url):
+        answered, text = asyncio.run(scenario(url))
+    assert engine.requests[-1][0] == "/v1/chat/completions" and engine.requests[-1][1]["ignore_eos"] is False
+    assert (answered.tokens, answered.stop) == (4, "eos")
+    assert "ended early (end-of-sequence after 4 tokens)" in text and "cover those tokens only" in text
+
+
 def test_a_server_it_cannot_watch_is_one_line(capsys):
     with fake_engine("openai") as (_, url):
         code, _, err = run_cli(capsys, "--attach", url)
