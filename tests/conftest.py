@@ -22,13 +22,13 @@ os.environ["SPECVIEW_LOAD"] = "quiet"
 # tests never read or fill the user's ~/.cache/specview (the bundled model is converted once per session).
 os.environ["SPECVIEW_CACHE_DIR"] = tempfile.mkdtemp(prefix="specview-test-cache-")
 atexit.register(shutil.rmtree, os.environ["SPECVIEW_CACHE_DIR"], True)
-# Except thinmm's C++ library (~30 s of compiling): the workers of a session, and the sessions of a checkout, share
+# Except the thin kernels' C++ library (~30 s of compiling): the workers of a session, and the sessions of a checkout, share
 # one build folder (build/, ignored by git). Its builds are flock'ed and moved into place whole, and a library's name
 # carries its sources' hash and flags, so a changed kernel is built again. The tests of building (test_thin_kernels.py)
 # give their subprocesses cache folders of their own.
-_KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "test-thinmm")
+_KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "test-thin-kernels")
 os.makedirs(_KERNELS, exist_ok=True)
-os.symlink(_KERNELS, os.path.join(os.environ["SPECVIEW_CACHE_DIR"], "thinmm"))
+os.symlink(_KERNELS, os.path.join(os.environ["SPECVIEW_CACHE_DIR"], "thin_kernels"))
 # And so is compiled code: inductor's cache (its FX graphs, kernels and the precompiled header every AOT package's
 # wrapper is built against) and the AOT packages (aot_compile.aot_dir). Both are keyed by all they were built from and
 # written whole (os.replace; the packages flock'ed), so the two workers of a run build each graph and package once,
@@ -151,7 +151,7 @@ def small_vocab_pair(tiny_dir):
 
 @pytest.fixture(scope="session")
 def small_llama_pair(tiny_dir):
-    """small_vocab_pair's Llama twin (vocab 8): the family fastdecode's compiled forward runs."""
+    """small_vocab_pair's Llama twin (vocab 8): the family the engine's own compiled forward runs."""
     t, d = tiny.save_noisy_pair(tiny_dir, "small-llama", "llama", 8, 10, scale=8.0, noise=0.3, noise_seed=3)
     return load_pair(t, d, torch.device("cpu"))
 

@@ -142,7 +142,7 @@ SLOW_KERNELS = 0.7  # ...and read the weights at under 70% of the bandwidth: the
 
 def _above_floor(fig: dict, bandwidth_gbs: float) -> str:
     """What the time above the floor is spent on: the matrix products' kernels (where their time alone was
-    measured, kernels.products_ms) or the operators between them."""
+    measured, forward_choice.products_ms) or the operators between them."""
     products, weights = fig.get("products_ms"), fig.get("weight_bytes")
     if not host.positive_number(products) or not host.positive_number(weights):
         # Not timed apart (transformers' forward, a draft llama.cpp runs): the kernels cannot be told from the rest

@@ -3,7 +3,7 @@ was taken under and its age; `--retake` takes them again.
 
 The choices are the verdicts of probes timed on this machine and kept in the cache folder (core/host.py):
 kernels.json (the chooser, cpu/forward_choice.py: compiled or transformers' forward, the one-row product) and
-fastlinear.json (cpu/matmul/packed_linear.py: each weight shape's kernel). A verdict timed under load is
+packed_linear.json (cpu/matmul/packed_linear.py: each weight shape's kernel). A verdict timed under load is
 provisional (core/load.py) and is taken again at the next quiet start by itself; `--retake` takes every verdict the
 given pair reaches again now, in this process (load the models, probe), whatever it was. A verdict taken now under
 load is provisional in its turn, and does not replace a quiet one.
@@ -17,7 +17,7 @@ from contextlib import nullcontext
 
 from specview.core.options import DEFAULTS, Parser, number_type
 
-FILES = ("kernels.json", "fastlinear.json")  # forward_choice.CHOICE_FILE, packed_linear.CHOICE_FILE (no torch here)
+FILES = ("kernels.json", "packed_linear.json")  # forward_choice.CHOICE_FILE, packed_linear.CHOICE_FILE (no torch here)
 
 
 def parse(argv: list[str]):

@@ -24,7 +24,7 @@ DEFAULT = "specview.cli.tui"  # no command: the TUI
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    adopt_old_names()  # SPECVIEW_FASTLINEAR and the like, renamed: one release of warnings
+    adopt_old_names()  # SPECVIEW_PACKED_LINEAR and the like, renamed: one release of warnings
     command = argv[0] if argv and argv[0] in COMMANDS else None
     try:
         module = importlib.import_module(COMMANDS[command] if command else DEFAULT)

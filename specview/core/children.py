@@ -1,4 +1,4 @@
-"""The compilers a build starts (ninja, the C++ compiler: thinmm's library, inductor's kernels) end with the
+"""The compilers a build starts (ninja, the C++ compiler: the thin kernels' library, inductor's kernels) end with the
 process that started them: killed, specview leaves none running.
 
 Linux's PR_SET_PDEATHSIG, set in the child between fork and exec (it survives the exec), sends the child SIGTERM

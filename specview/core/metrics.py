@@ -170,7 +170,7 @@ class CostCurve:
     Fit, and why this shape: at batch size 1 a forward reads every weight once whatever the rows, so its
     time is a fixed part (bytes / bandwidth, plus the dispatch of its operators) and a part that grows with
     the rows (the arithmetic, attention over the rows). Measured on the bundled model the one-row forward
-    runs another path (the compiled one-row kernels, fastdecode) than several rows (oneDNN's packed
+    runs another path (the compiled one-row kernels, the engine's own forward) than several rows (oneDNN's packed
     matmuls), so ONE line from 1 to 2K + 1 rows misses both: the curve keeps the one-row time as measured
     and fits overhead + slope x rows to the several-row times (least squares, rows >= 2)."""
 

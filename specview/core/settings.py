@@ -72,7 +72,7 @@ class Settings:
     device_map: str | None = None  # auto | balanced | a JSON file: layers over several devices (accelerate)
     max_memory: str | None = None  # with device_map: "0=20GiB,cpu=60GiB", the most each device may hold
     draft_policy: str = "fixed"  # fixed | p-min=X | heuristic | goodput: how many of K to draft (core/policies.py)
-    compile: str = "auto"  # auto | on | off: fastdecode's compiled one-row forward (cpu/fast_path.py decides)
+    compile: str = "auto"  # auto | on | off: the engine's own compiled one-row forward (cpu/fast_path.py decides)
 
     @classmethod
     def from_args(cls, args) -> Settings:

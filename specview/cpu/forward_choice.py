@@ -2,18 +2,18 @@
 
 `--compile auto|on|off` (Settings.compile):
 
-    off   transformers' own forward (fastlinear's packed matmuls inside it); every norm hook fires
-    on    fastdecode's forward compiled with inductor, one row and several (an error where it cannot run): built
+    off   transformers' own forward (packed_linear's packed matmuls inside it); every norm hook fires
+    on    the engine's own forward compiled with inductor, one row and several (an error where it cannot run): built
           ahead of time into packages a later start loads in milliseconds (aot_compile.AotFunction), or by
           torch.compile with SPECVIEW_AOT=0
     auto  `on` where the model can run it and a probe on this machine finds it faster, else `off`
 
 Per piece (each distinct weight matrix of the fast forward: the fused q/k/v, o, the fused gate/up, down,
 the head; the embedding is a lookup), the one-row product runs as a compiled multiply-and-sum
-('reduce'), a compiled F.linear ('mm') or the packed copy with its kernel (MLAS, thinmm or oneDNN: 'mlas' / 'thin' /
+('reduce'), a compiled F.linear ('mm') or the packed copy with its kernel (MLAS, the thin kernels or oneDNN: 'mlas' / 'thin' /
 'packed' in the pieces), whichever gives the fastest whole one-token forward (one_row_kernel); several rows run
-oneDNN on a packed copy ('packed'), MLAS on its own ('mlas') or thinmm on the weight itself ('thin'), where fastlinear's probe finds them faster, else F.linear ('mm'). An int4 piece runs
-torch's int4 kernel ('int4') or thinmm's on its own copy of the codes ('thin'), whichever that probe finds faster,
+oneDNN on a packed copy ('packed'), MLAS on its own ('mlas') or the thin kernels on the weight itself ('thin'), where packed_linear's probe finds them faster, else F.linear ('mm'). An int4 piece runs
+torch's int4 kernel ('int4') or the thin kernels' on its own copy of the codes ('thin'), whichever that probe finds faster,
 for every row count. Only
 kernels that compute the same product up to float summation order are chosen automatically: an
 `@int4` model keeps its codes, a float32 one its float32 weights.
@@ -281,7 +281,7 @@ def _warm(runner) -> None:
 
 
 def _probe_forward(lm, runner, eager_ms: float | None = None) -> Probe:
-    """Median one-token forward, compiled against transformers' (with fastlinear), interleaved until they separate;
+    """Median one-token forward, compiled against transformers' (with packed_linear), interleaved until they separate;
     or the compiled one alone where `eager_ms` was timed before the runner existed (_time_eager: a model too big to
     hold twice)."""
     if eager_ms is not None:
@@ -308,7 +308,7 @@ def _compiled_step(runner):
 
 
 def _eager_step(lm):
-    """The same step on transformers' forward, with fastlinear's packs (as `--compile off` runs it)."""
+    """The same step on transformers' forward, with packed_linear's packs (as `--compile off` runs it)."""
     from transformers import DynamicCache
 
     restore_originals(lm.model)  # transformers' forward and its packs read the originals (released as made)
@@ -378,8 +378,8 @@ def separated(times: dict[str, list[float]]) -> bool | None:
 def one_row_kernel(model, runner, say=lambda msg: None) -> str:
     """'reduce', 'mm' or 'packed': the one-row product of this model's dense weights in its compiled forward
     (`runner`), whichever gives the fastest one-token forward here. 'reduce' is a multiply-and-sum inductor
-    vectorizes, 'mm' F.linear (MKL's product), 'packed' each piece's packed copy where fastlinear's probe found
-    its kernel best for one row (MLAS, thinmm or oneDNN), else F.linear: a candidate where some piece has such a
+    vectorizes, 'mm' F.linear (MKL's product), 'packed' each piece's packed copy where packed_linear's probe found
+    its kernel best for one row (MLAS, the thin kernels or oneDNN), else F.linear: a candidate where some piece has such a
     copy. The whole forward is timed with each, not one product: a product timed alone misleads (the reduce can
     beat MKL on a mid-sized matrix called alone and lose the forward, whose bytes sit mostly in the fused gate/up
     and the head; which wins differs between CPUs). A probe

@@ -20,7 +20,7 @@ skips dummy slots there), `crop` leaves the dummies alone, and a skipped layer t
 would fail loudly (a DummyLayer refuses updates). The target object, its config and its own caches are
 not touched.
 
-The engine takes a SkipModel's cache from its `new_cache()` (kvcache.new_cache).
+The engine takes a SkipModel's cache from its `new_cache()` (kv_cache.new_cache).
 
 Measured on SmolLM2-135M (30 layers): the model is not redundant enough for this to pay off. Skipping
 any single layer already drops teacher-forced greedy agreement to 41-84%; calibrate's best default set

@@ -466,7 +466,7 @@ class Run:
         )
 
     def _texts(self, count: int) -> list[str]:
-        """Text of each of the last `count` tokens, decoded in context (detok.piece_in_context)."""
+        """Text of each of the last `count` tokens, decoded in context (detokenize.piece_in_context)."""
         decode = self.dec.target.tokenizer.decode
         return [piece_in_context(decode, self.tokens[max(0, i - CONTEXT): i], self.tokens[i])
                 for i in range(len(self.tokens) - count, len(self.tokens))]

@@ -49,7 +49,7 @@ def spine(parents: list[int], path: list[int]) -> list[int]:
 def preorder(parents: list[int]) -> list[int]:
     """The nodes depth first, children in the order they are tried: the first child of every node follows it,
     so the likeliest path (each level's first child) is a run of consecutive rows of the verify, and a step that
-    accepts it finds them in place in the target's cache (kvcache.keep_rows only crops). The draft's cache holds
+    accepts it finds them in place in the target's cache (kv_cache.keep_rows only crops). The draft's cache holds
     them in place too when it was fed one node per level (w=1); wider levels were fed side by side."""
     kids = children(parents)
     out, stack = [], list(reversed(kids.get(-1, [])))

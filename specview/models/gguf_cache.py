@@ -200,7 +200,7 @@ def _remove_superseded(entry: Path, key_inputs: dict) -> None:
             superseded = (isinstance(old.get("format"), int) and old["format"] < key_inputs["format"]
                           and {k: v for k, v in old.items() if k != "format"} == rest)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue  # not an entry (thinmm's build, the compiled packages) or not a readable one
+            continue  # not an entry (the thin kernels' build, the compiled packages) or not a readable one
         if not superseded:
             continue
         try:

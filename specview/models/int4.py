@@ -1,5 +1,5 @@
 """A weight-only int4 copy of a model: every layer matrix as 4-bit codes, run by torch's own int4 kernel (or, in
-specview's fast forward, by thinmm's where it measures faster: the same codes, scales and activations).
+specview's fast forward, by the thin kernels' where it measures faster: the same codes, scales and activations).
 
 Decoding reads every weight once per forward, so 4-bit weights are a cheap draft made from the target
 itself. The kernel is `aten._weight_int4pack_mm_for_cpu` (what torchao's Int4CPULayout calls; torchao
@@ -145,7 +145,7 @@ def pack_codes(codes: torch.Tensor) -> torch.Tensor:
 def packed_row_block() -> int | None:
     """How many output rows the CPU packer lays out together (64 with AVX-512, torch 2.13), or None if it does
     not pack rows in independent blocks: then the packing of stacked codes is the stack of their packings
-    whenever every part's rows are a multiple of it, and fastdecode fuses q/k/v and gate/up without unpacking.
+    whenever every part's rows are a multiple of it, and the engine's own forward fuses q/k/v and gate/up without unpacking.
     Probed on two small random blocks, once per process (microseconds), since the layout depends on the ISA."""
     g = torch.Generator().manual_seed(0)
     for rows in (16, 32, 64, 128, 256):
@@ -170,7 +170,7 @@ class Int4Linear(nn.Module):
         if stored is None:
             codes, scales_and_zeros = quantize(weight, group_size, importance)
             packed = pack_codes(codes)
-            # The codes themselves, two per byte, for fastdecode (which fuses q/k/v and gate/up by repacking them
+            # The codes themselves, two per byte, for the engine's own forward (which fuses q/k/v and gate/up by repacking them
             # where the packed parts cannot simply be stacked, packed_row_block): a plain attribute, not a
             # buffer, so the roofline counts only what a forward reads.
             halves = split_halves(codes) if codes.device.type == "cpu" else None
@@ -206,7 +206,7 @@ class Int4Linear(nn.Module):
 
 def to_device(model: nn.Module, device) -> nn.Module:
     """An int4 copy made on the host, on `device`: every Int4Linear's codes packed again for the device's kernel
-    (the CPU's packing is not CUDA's), the rest moved as is. The halves stay on the host (fastdecode's, CPU only)."""
+    (the CPU's packing is not CUDA's), the rest moved as is. The halves stay on the host (the engine's own, CPU only)."""
     device = torch.device(device)
     for module in model.modules():
         if isinstance(module, Int4Linear) and module.packed.device != device and module.halves is not None:

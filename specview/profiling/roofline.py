@@ -191,7 +191,7 @@ def _first(cfg, *names):
 
 def session_roofline(session, bandwidth: dict | None = None, drafters: bool = True) -> dict:
     """What a profile's meta (and the TUI's loaded info) carries: the bandwidth and each model's bytes, and where
-    its forward runs specview's own, the time of its matrix products alone (`products_ms`, kernels.products_ms:
+    its forward runs specview's own, the time of its matrix products alone (`products_ms`, forward_choice.products_ms:
     the target at one row and at a verify's K + 1, a draft at one row). `drafters` maps each drafter's spec to its
     model's figures (n-gram: 0 weights, no forwards)."""
     from specview.cpu.fast_path import products_ms
@@ -238,7 +238,7 @@ def verify_rows(drafted: int, tree: dict | None = None) -> int:
 class ForwardTally:
     """Forwards of one model: how many, the KV tokens they read (summed), their measured time (summed), and the
     time their matrix products alone take (summed over the forwards that have a figure, from `products`: {rows (an
-    int): ms}, tally_arguments of kernels.products_ms' figures)."""
+    int): ms}, tally_arguments of forward_choice.products_ms' figures)."""
 
     def __init__(self, weights: int, kv_per_token: int, products: dict | None = None):
         self.weights, self.kv_per_token = weights, kv_per_token
@@ -276,7 +276,7 @@ class ForwardTally:
     def _products(self, n: int) -> dict:
         """products_ms per forward, where (nearly) every forward has a figure: a mean over a few would be set
         beside the mean of all. Not a figure above the forward's own time: the products are part of the forward, so
-        such a figure was timed while something else took the CPU (kernels.products_ms keeps its first timing per
+        such a figure was timed while something else took the CPU (forward_choice.products_ms keeps its first timing per
         machine; on a shared machine a draft's products once came out at several times its whole forward), and
         the diagnosis would blame the kernels on it."""
         if not n or self.timed < COVERED * n:

@@ -22,7 +22,7 @@ def seed(tmp_path, monkeypatch):
         f"{me}/torch x/threads=1/forward/aot/llama h576/float32": {
             "mode": "compiled", "why": "probe", "load": QUIET, "measured_at": "2020-01-01T00:00:00+0000"},
         "another host/cpu/avx2/torch x/threads=2/forward": {"mode": "eager"}})
-    host.store_cached("fastlinear.json", {f"{me}/torch x/torch.float32/576x576/threads=1": {
+    host.store_cached("packed_linear.json", {f"{me}/torch x/torch.float32/576x576/threads=1": {
         "stock_one_s": 1.0, "stock_rows_s": 1.0, "kernel": "thin", "kernel_for_rows": "mlas"}})
 
 
@@ -36,7 +36,7 @@ def test_doctor_lists_each_kept_choice_with_its_load_and_age(tmp_path, monkeypat
     assert eager["verdict"] == "eager" and eager["provisional"] and eager["load"] == BUSY
     assert "under load: others busy 1.0 of 2 cores" in eager["load_said"] and eager["age_s"] > 86400
     assert not by_key["threads=1 kernels.json"]["provisional"]
-    old = by_key["torch.float32 fastlinear.json"]
+    old = by_key["torch.float32 packed_linear.json"]
     assert old["verdict"] == "thin (rows: mlas)" and old["provisional"] and old["load_said"] == "load not recorded"
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out

@@ -76,7 +76,7 @@ def switch_pair(tiny_dir):
 
 @pytest.fixture
 def pair(switch_pair, monkeypatch):
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")  # packed copies: the switch also releases the originals
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "1")  # packed copies: the switch also releases the originals
     target, draft = (fresh(lm) for lm in switch_pair)
     yield target, draft
     llama_forward.uninstall(target.model)
@@ -146,7 +146,7 @@ def switched_counts(target, draft, cfg, vocab: int) -> np.ndarray:
 
 
 def test_sampling_keeps_the_target_law_across_a_switch(small_vocab_pair, monkeypatch):
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "1")
     target, draft = (fresh(lm) for lm in small_vocab_pair)  # GPT-2: the vocabulary of 8 the law enumerates
     cfg = SamplingConfig(temperature=1.0)
     exact = exact_joint(target, cfg, 8)

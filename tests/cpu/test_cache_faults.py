@@ -28,9 +28,9 @@ needs_thin_build = pytest.mark.skipif(not ({"avx2", "fma"} <= host.all_cpu_flags
 
 
 def run(target: str, cache: Path) -> tuple[subprocess.CompletedProcess, list[int]]:
-    """`specview run` greedy on the compiled forward (ahead-of-time packages, thinmm's products) -> (the process,
+    """`specview run` greedy on the compiled forward (ahead-of-time packages, the thin kernels' products) -> (the process,
     its tokens)."""
-    env = {**os.environ, "SPECVIEW_CACHE_DIR": str(cache), "SPECVIEW_AOT": "1", "SPECVIEW_FASTLINEAR": "thin",
+    env = {**os.environ, "SPECVIEW_CACHE_DIR": str(cache), "SPECVIEW_AOT": "1", "SPECVIEW_PACKED_LINEAR": "thin",
            "PYTHONPATH": str(REPO)}
     env.pop("SPECVIEW_COMPILE", None)
     done = subprocess.run([sys.executable, "-m", "specview", "run", "--target", target, "--method", "autoregressive",
@@ -77,7 +77,7 @@ def check_recovers(warm, cache: Path, what: str) -> None:
 @needs_thin_build
 def test_a_kernel_library_cut_to_half_is_built_again(warm, tmp_path):
     cache = damaged_copy(warm, tmp_path)
-    [library] = (cache / "thinmm").glob("specview_thinmm_*.so")
+    [library] = (cache / "thin_kernels").glob("specview_thin_*.so")
     os.truncate(library, library.stat().st_size // 2)
     check_recovers(warm, cache, "thin-kernel library")
 

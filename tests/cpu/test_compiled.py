@@ -58,7 +58,7 @@ def fast_logits(runner, ids: list[int], splits=(4, 1, 1)) -> torch.Tensor:
 def test_fast_forward_computes_what_transformers_computes(small_llama_pair, variant, compiled, monkeypatch):
     target, _ = small_llama_pair
     if variant == "int4":  # torch's int4 kernel, as transformers runs: the argmax below is not left to a timing
-        monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")  # probe (thinmm's is tested against it in test_thinmm)
+        monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "0")  # probe (the thin kernels' is tested against it in test_thin_kernels)
     lm = {"float32": target, "bfloat16": as_bfloat16(target), "int4": as_int4(target)}[variant]
     tolerance = 1e-4 if variant == "float32" else 0.1  # bfloat16 rounds differently in another op order
     runner = llama.FastForward(lm.model, compiled, gemv="reduce")
@@ -161,7 +161,7 @@ def emitted(steps) -> list[int]:
 
 
 def check_fast_forwards_on(kernel: str, small_llama_pair, small_vocab_pair, compiled: bool, gemv: str) -> None:
-    """With SPECVIEW_FASTLINEAR=`kernel` set by the caller: the Llama and GPT-2 fast forwards run every several-row
+    """With SPECVIEW_PACKED_LINEAR=`kernel` set by the caller: the Llama and GPT-2 fast forwards run every several-row
     product on it, one row on it too (one copy of each weight), and compute what transformers computes (a prefill of 4,
     one row, a verify of the rest)."""
     llama_lm, _ = small_llama_pair
@@ -176,7 +176,7 @@ def check_fast_forwards_on(kernel: str, small_llama_pair, small_vocab_pair, comp
 
 
 def check_greedy_speculative_on(kernel: str, small_llama_pair, draft=None, where=("target", "rows")) -> None:
-    """With SPECVIEW_FASTLINEAR=`kernel` set by the caller: greedy speculative decoding on compiled forwards where
+    """With SPECVIEW_PACKED_LINEAR=`kernel` set by the caller: greedy speculative decoding on compiled forwards where
     that kernel runs (`where`: the target's verify rows, or e.g. ("draft", "one_row")) emits greedy autoregressive
     decoding's tokens, with rejections on the way. `draft`: another draft than the pair's."""
     target, draft = small_llama_pair[0], draft or small_llama_pair[1]
@@ -317,7 +317,7 @@ def test_a_build_that_fails_falls_back_to_eager_under_auto_and_is_one_line_under
 def test_compile_on_refuses_what_it_does_not_run(small_vocab_pair, monkeypatch):
     gpt2_lm, _ = small_vocab_pair
     model = copy.deepcopy(gpt2_lm.model)
-    model.config.activation_function = "relu"  # a GPT-2 variant fastgpt2 does not run
+    model.config.activation_function = "relu"  # a GPT-2 variant the GPT-2 forward (cpu/forward/gpt2.py) does not run
     relu = LoadedModel(gpt2_lm.spec + "-relu", model, gpt2_lm.tokenizer, gpt2_lm.device, gpt2_lm.dtype, gpt2_lm.context_len)
     monkeypatch.delenv("SPECVIEW_COMPILE")
     with pytest.raises(SpecviewError, match="cannot run compiled here: activation 'relu'"):
@@ -367,7 +367,7 @@ def test_gpt2_greedy_speculative_compiled_equals_greedy_autoregressive(small_voc
 def test_auto_decides_once_per_machine_and_keeps_the_choice(small_llama_pair, monkeypatch):
     target, _ = small_llama_pair
     monkeypatch.delenv("SPECVIEW_COMPILE")
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")  # packing wanted for every shape, whatever this CPU measured
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "1")  # packing wanted for every shape, whatever this CPU measured
     from specview.cpu.matmul import packed_linear
 
     probe = forward_choice._probe_forward  # the real probe (it runs transformers' forward packed), its verdict compiled:
@@ -421,11 +421,11 @@ def test_auto_decides_once_per_machine_and_keeps_the_choice(small_llama_pair, mo
 
 @needs_compiler
 def test_a_model_on_the_fast_forward_gets_no_second_packed_copy_of_its_linears(small_llama_pair, monkeypatch):
-    """fastdecode packs its own fused matrices; the Decoder must not also pack every nn.Linear for transformers'
+    """the engine's own forward packs its own fused matrices; the Decoder must not also pack every nn.Linear for transformers'
     forward of that model (a whole copy of the weights, 0.4 s of a start), but must for a model that runs it."""
     from specview.cpu.matmul import packed_linear
 
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")  # packing wanted for every shape, whatever this CPU measured
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "1")  # packing wanted for every shape, whatever this CPU measured
     target, draft = (copy.copy(lm) for lm in small_llama_pair)
     target.model, draft.model = copy.deepcopy(target.model), copy.deepcopy(draft.model)  # no packs yet
     fast_path.prepare(target, "on")  # the target on the fast forward, the draft on transformers'
@@ -460,7 +460,7 @@ def test_the_products_of_a_forward_are_timed_alone_once_per_machine(small_llama_
         assert fast_path.products_ms(target.model, (1, 3)) == first and calls == [1, 3]  # read back, not measured
         fast_path.products_ms(target.model, (1, 5))
         assert calls == [1, 3, 5]  # only the new row count
-        monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")  # stock kernels: other products, measured anew
+        monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "0")  # stock kernels: other products, measured anew
         llama.install(target.model, compiled=True, gemv="mm")
         assert {p["rows"] for p in llama.runner_for(target.model).pieces().values()} == {"mm"}
         fast_path.products_ms(target.model, (1, 5))
@@ -504,7 +504,7 @@ def test_a_forwards_copies_are_chosen_for_one_row_and_several(small_llama_pair, 
 
 
 def test_a_one_row_product_reads_a_copy_chosen_for_rows_only_where_the_probe_says_one_row_too(monkeypatch):
-    """A copy chosen for a verify's rows must not serve a shape's one-row products (gemv 'packed') where fastlinear's
+    """A copy chosen for a verify's rows must not serve a shape's one-row products (gemv 'packed') where packed_linear's
     probe finds another kernel better for one row of that shape."""
     from specview.cpu.matmul import packed_linear
 
@@ -528,7 +528,7 @@ def test_a_start_that_may_not_hold_the_model_twice_times_each_forward_apart(smal
     from test_one_copy import held_bytes
 
     monkeypatch.delenv("SPECVIEW_COMPILE")
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")  # a copy of every matrix: holding both would be twice the model
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "1")  # a copy of every matrix: holding both would be twice the model
     target = LoadedModel(small_llama_pair[0].spec, copy.deepcopy(small_llama_pair[0].model),
                          small_llama_pair[0].tokenizer, small_llama_pair[0].device, small_llama_pair[0].dtype,
                          small_llama_pair[0].context_len)

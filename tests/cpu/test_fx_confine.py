@@ -24,7 +24,7 @@ PROMPT = [1, 5, 7]
 
 @pytest.fixture(autouse=True)
 def stock_kernels(monkeypatch):
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")  # no kernel probes or builds: the module calls are the point
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "0")  # no kernel probes or builds: the module calls are the point
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """A head held as int8 codes times a scale per 32 (a GGUF's Q8_0 tensor, as the bundled SmolLM2's tied head is):
-recognised bit for bit, multiplied by thinmm's int8 kernel with float32 activations, and the fast forward's logits
+recognised bit for bit, multiplied by the thin kernels' int8 kernel with float32 activations, and the fast forward's logits
 and greedy tokens those of the float32 weight."""
 
 import copy
@@ -16,7 +16,7 @@ from specview.engine.decoder import Decoder
 from specview.models.loader import LoadedModel
 from specview.profiling.roofline import model_bytes
 
-# Skipped only where thinmm's library cannot be built or loaded: an int8 kernel that is built but wrong fails these
+# Skipped only where the thin kernels' library cannot be built or loaded: an int8 kernel that is built but wrong fails these
 # tests (and tests/cpu/test_thin_kernels.py's test_it_is_built_wherever_it_can_be[int8]).
 needs_int8 = pytest.mark.skipif(thin_kernels.missing_reason() is not None,
                                 reason=f"no int8 kernel here: {thin_kernels.missing_reason()}")
@@ -84,7 +84,7 @@ def test_wrong_int8_operands_are_refused_with_a_message():
     codes, scales = thin_kernels.int8_codes(q8_0(torch.randn(8, 64)))
     for x, c, s in ((torch.randn(1, 64).double(), codes, scales), (torch.randn(1, 48), codes[:, :48], scales),
                     (torch.randn(1, 64), codes, scales[:, :1]), (torch.randn(1, 64), codes.float(), scales)):
-        with pytest.raises(RuntimeError, match="thinmm int8"):
+        with pytest.raises(RuntimeError, match="the thin kernels int8"):
             thin_kernels.int8_linear(x, c, s)
 
 
@@ -100,7 +100,7 @@ def with_q8_0_head(lm) -> LoadedModel:
 def test_a_q8_0_head_runs_on_its_codes_and_the_forward_computes_what_transformers_computes(small_llama_pair,
                                                                                           monkeypatch, compiled):
     lm = with_q8_0_head(small_llama_pair[0])
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")  # the int8 kernel wherever the weight allows it
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "thin")  # the int8 kernel wherever the weight allows it
     runner = llama.FastForward(lm.model, compiled, gemv="reduce")
     assert runner.pieces()["head"] == {"shape": [8, 32], "dtype": "int8", "one_row": "int8", "rows": "int8",
                                        "fused": False}
@@ -112,7 +112,7 @@ def test_a_q8_0_head_runs_on_its_codes_and_the_forward_computes_what_transformer
     finally:
         llama.uninstall(lm.model)
     assert model_bytes(lm.model)["weights"] - as_int8 == 8 * 32 * 4 - (8 * 32 + 8 * 4)
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")  # switched off: the float32 weight
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "0")  # switched off: the float32 weight
     assert llama.FastForward(lm.model, compiled, gemv="reduce").pieces()["head"]["dtype"] == "float32"
 
 
@@ -120,7 +120,7 @@ def test_a_q8_0_head_runs_on_its_codes_and_the_forward_computes_what_transformer
 @needs_compiler
 def test_greedy_speculative_with_a_q8_0_head_on_the_target_equals_greedy_autoregressive(small_llama_pair,
                                                                                        monkeypatch):
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "thin")
     target, draft = with_q8_0_head(small_llama_pair[0]), small_llama_pair[1]
     greedy = SamplingConfig(temperature=0)
     try:

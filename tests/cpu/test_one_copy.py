@@ -36,7 +36,7 @@ def originals(model) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_the_copies_replace_the_originals_and_give_them_back(small_llama_pair, small_vocab_pair, monkeypatch,
                                                              kernel, family):
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", kernel)  # every matrix gets a copy of this kernel
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", kernel)  # every matrix gets a copy of this kernel
     lm = fresh(small_llama_pair[0] if family == "llama" else small_vocab_pair[0])
     before = originals(lm.model)
     want = hf_logits(lm, PROMPT)
@@ -60,7 +60,7 @@ def test_the_copies_replace_the_originals_and_give_them_back(small_llama_pair, s
 
 
 def test_without_copies_nothing_is_released(small_llama_pair, monkeypatch):
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")  # F.linear reads the originals: they stay
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "0")  # F.linear reads the originals: they stay
     lm = fresh(small_llama_pair[0])
     runner = llama_forward.install(lm.model, compiled=False)
     assert runner.release_originals() == 0 and not one_copy.released(lm.model)
@@ -69,7 +69,7 @@ def test_without_copies_nothing_is_released(small_llama_pair, monkeypatch):
 
 def test_fused_matrices_are_the_modules_own_storage(small_llama_pair, monkeypatch):
     """q/k/v and gate/up fused into one matrix each: the modules become views of it, not a second copy."""
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "0")
     lm = fresh(small_llama_pair[0])
     params = weights_mb(lm)
     llama_forward.install(lm.model, compiled=False)
@@ -81,7 +81,7 @@ def test_fused_matrices_are_the_modules_own_storage(small_llama_pair, monkeypatc
 
 def test_a_tied_head_keeps_its_embedding(small_vocab_pair, monkeypatch):
     """GPT-2's head is its embedding: the lookup reads it, so it is never released."""
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "1")
     lm = fresh(small_vocab_pair[0])
     embedding = lm.model.transformer.wte.weight
     runner = llama_forward.install(lm.model, compiled=False, family=GPT2Forward)
@@ -93,7 +93,7 @@ def test_a_tied_head_keeps_its_embedding(small_vocab_pair, monkeypatch):
 def test_calling_the_model_itself_brings_its_originals_back(small_llama_pair, monkeypatch):
     """transformers' forward on a model whose originals were released (bench's transformers peer, a test's
     reference): a pre-hook rebuilds them first, so it never reads a stand-in."""
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "1")
     lm = fresh(small_llama_pair[0])
     want = hf_logits(lm, PROMPT)
     runner = llama_forward.install(lm.model, compiled=False)
@@ -110,7 +110,7 @@ def test_a_laid_out_model_gives_its_runner_the_same_matrices(small_llama_pair, s
     """A background build lays the model out on the caller's thread and makes its runner on another: the runner must
     find that layout (the modules' storage), not stack a second copy of q/k/v and gate/up, nor swap a parameter
     under a forward running meanwhile."""
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")  # no packed copies: the runner reads the model's own storage
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "0")  # no packed copies: the runner reads the model's own storage
     lm = fresh(small_llama_pair[0] if family == "llama" else small_vocab_pair[0])
     kind = llama_forward.FastForward if family == "llama" else GPT2Forward
     before = originals(lm.model)
@@ -132,10 +132,10 @@ def test_a_laid_out_model_gives_its_runner_the_same_matrices(small_llama_pair, s
                     reason=f"thin int4 kernel: {thin_kernels.int4_unavailable_reason()}")
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_an_int4_forward_on_thin_holds_its_codes_once(monkeypatch, family):
-    """An int4 layer keeps torch's packing and the halves; thinmm's kernel reads its own layout (fused q/k/v and
+    """An int4 layer keeps torch's packing and the halves; the thin kernels' kernel reads its own layout (fused q/k/v and
     gate/up: stacks of both besides). Once the forward runs thin, only thin's copy stays, and uninstalling gives
     torch's packing and the halves back bit for bit."""
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")  # every int4 product whose shape it takes runs thin
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "thin")  # every int4 product whose shape it takes runs thin
     model = tiny.make_model(family, 32, seed=4)  # a vocabulary of 32: the int4 head fits the kernel's blocks
     lm = LoadedModel("tiny@int4+head", int4_copy(model, head=True), tiny.make_tokenizer(32), torch.device("cpu"),
                      torch.bfloat16, 128)
@@ -177,7 +177,7 @@ def held_bytes(model, runner) -> int:
 def test_a_start_releases_each_layer_as_its_copies_are_made(small_llama_pair, small_vocab_pair, monkeypatch, family):
     """Where no other forward reads the model meanwhile, a start never holds it twice: each layer's originals go as
     soon as its copies are made, and the forward computes what it computes with the originals kept."""
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")  # a copy of every matrix: without the rule, twice the model
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "1")  # a copy of every matrix: without the rule, twice the model
     kind = llama_forward.FastForward if family == "llama" else GPT2Forward
     lm = fresh(small_llama_pair[0] if family == "llama" else small_vocab_pair[0])
     kept = fresh(lm)

@@ -52,7 +52,7 @@ def test_a_session_lives_as_long_as_its_handle():
 
 @needs_mlas
 def test_nn_linear_runs_it_inside_the_engine_only(monkeypatch):
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "mlas")
     torch.manual_seed(0)
     lin = torch.nn.Linear(32, 16).eval()
     packed_linear.install(lin)
@@ -71,14 +71,14 @@ def test_nn_linear_runs_it_inside_the_engine_only(monkeypatch):
                                             pytest.param(True, "packed", marks=needs_compiler)])
 def test_fast_forwards_on_mlas_compute_what_transformers_computes(small_llama_pair, small_vocab_pair, compiled, gemv,
                                                                    monkeypatch):
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "mlas")
     check_fast_forwards_on("mlas", small_llama_pair, small_vocab_pair, compiled, gemv)
 
 
 @needs_mlas
 @needs_compiler
 def test_greedy_speculative_on_mlas_equals_greedy_autoregressive(small_llama_pair, monkeypatch):
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "mlas")
     check_greedy_speculative_on("mlas", small_llama_pair)
 
 
@@ -101,7 +101,7 @@ def test_without_onnxruntime_nothing_asks_for_it(monkeypatch):
     try:
         assert "onnxruntime" in onnx_mlas.unavailable_reason() and "onnxruntime" in onnx_mlas.missing_reason()
         assert "mlas" not in packed_linear.candidates(torch.float32)
-        monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
+        monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "mlas")
         assert packed_linear.kernel_for(torch.float32, (16, 32)) == "stock"
     finally:
         onnx_mlas.unavailable_reason.cache_clear()
@@ -142,7 +142,7 @@ def test_without_onednn_mlas_is_weighed_against_the_stock_kernel():
 
 
 def test_switched_off_it_asks_nothing_of_onnxruntime(monkeypatch):
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "0")
     monkeypatch.setattr(packed_linear, "candidates", lambda dtype: 1 / 0)  # would import and try onnxruntime
     assert packed_linear.kernel_for(torch.float32, (16, 32)) == "stock"
 
@@ -151,7 +151,7 @@ def test_switched_off_it_asks_nothing_of_onnxruntime(monkeypatch):
 def test_an_input_that_needs_its_gradient_takes_f_linear(monkeypatch):
     """onnxruntime computes no gradients (and numpy refuses such a tensor): outside inference_mode the product of an
     input that requires grad stays torch's."""
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "mlas")
     lin = torch.nn.Linear(32, 16).requires_grad_(False)
     packed_linear.install(lin)
     x = torch.randn(3, 32, requires_grad=True)
@@ -163,7 +163,7 @@ def test_an_input_that_needs_its_gradient_takes_f_linear(monkeypatch):
 
 @needs_mlas
 def test_the_one_row_kernel_weighs_the_packed_copy_where_there_is_one(small_llama_pair, tmp_path, monkeypatch):
-    """forward_choice.one_row_kernel: 'packed' (here MLAS) is a candidate only where fastlinear packs a piece for one row;
+    """forward_choice.one_row_kernel: 'packed' (here MLAS) is a candidate only where packed_linear packs a piece for one row;
     the fastest whole forward wins; the choice is kept under a key naming the candidates, so a machine that gains
     onnxruntime measures again."""
     import json
@@ -176,12 +176,12 @@ def test_the_one_row_kernel_weighs_the_packed_copy_where_there_is_one(small_llam
     monkeypatch.setattr(forward_choice, "_probe_one_row", lambda runner, kinds: probed.append(kinds)
                         or forward_choice.Probe({kind: timed[kind] for kind in kinds}, 9, True))
     target, _ = small_llama_pair
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "mlas")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "mlas")
     runner = llama.FastForward(target.model, compiled=True)
     assert forward_choice.one_row_kernel(target.model, runner) == "packed"
     assert forward_choice.one_row_kernel(target.model, runner) == "packed" and len(probed) == 1  # kept, not measured again
     assert probed == [("reduce", "mm", "packed")]
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")  # no packed copy: not a candidate, another key
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "0")  # no packed copy: not a candidate, another key
     runner = llama.FastForward(target.model, compiled=True)
     assert forward_choice.one_row_kernel(target.model, runner) == "reduce" and probed[1:] == [("reduce", "mm")]
     keys = [key for key in json.loads((tmp_path / fast_path.CHOICE_FILE).read_text()) if "/one_row_forward/" in key]

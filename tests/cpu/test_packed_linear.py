@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not packed_linear.supported(torch.float32), reas
 @pytest.fixture(autouse=True)
 def packed_even_where_slower(monkeypatch):
     """These tests check the packed product itself: use it whatever `chosen` measured on this CPU."""
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "1")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "1")
 
 
 def _linear(dtype=torch.float32, bias=True):
@@ -127,14 +127,14 @@ def test_decoder_leaves_stock_forwards_outside_the_engine(loaded_pair):
 
 
 def test_environment_switch_turns_it_off(monkeypatch):
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "0")
     lin = _linear()
     packed_linear.install(lin)
     assert "forward" not in lin.__dict__
 
 
 def test_auto_packs_only_the_dtypes_measured_faster(monkeypatch):
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "auto")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "auto")
     monkeypatch.setattr(packed_linear, "chosen",
                         lambda dtype, shape, one_row=True: "packed" if dtype == torch.bfloat16 else "stock")
     f32, bf16 = _linear(torch.float32), _linear(torch.bfloat16)
@@ -146,7 +146,7 @@ def test_auto_packs_only_the_dtypes_measured_faster(monkeypatch):
 
 def test_each_shape_gets_its_own_choice(monkeypatch):
     """A projection and a head of the same dtype can go either way on a CPU: judged per shape."""
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "auto")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "auto")
     monkeypatch.setattr(packed_linear, "chosen",
                         lambda dtype, shape, one_row=True: "packed" if shape == (64, 32) else "stock")
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 48))
@@ -175,16 +175,16 @@ def test_the_choice_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch)
         assert packed_linear.chosen(torch.float32, (64, 32)) == "packed"
         assert packed_linear.chosen(torch.bfloat16, (64, 32)) == "stock"
     assert len(probes) == 2  # measured once each, then read back
-    stored = json.loads((tmp_path / "fastlinear.json").read_text())
+    stored = json.loads((tmp_path / "packed_linear.json").read_text())
     assert len(stored) == 2 and all(f"threads={torch.get_num_threads()}" in key for key in stored)
-    (tmp_path / "fastlinear.json").write_text("{damaged")  # measured again, rewritten
+    (tmp_path / "packed_linear.json").write_text("{damaged")  # measured again, rewritten
     packed_linear.probe_seconds.cache_clear()
     assert packed_linear.chosen(torch.float32, (64, 32)) == "packed" and len(probes) == 3
-    json.loads((tmp_path / "fastlinear.json").read_text())
-    stored = json.loads((tmp_path / "fastlinear.json").read_text())
+    json.loads((tmp_path / "packed_linear.json").read_text())
+    stored = json.loads((tmp_path / "packed_linear.json").read_text())
     for entry in stored.values():
         entry["stock_one_s"] = 0.0  # not a time: the rule would divide by it
-    (tmp_path / "fastlinear.json").write_text(json.dumps(stored))
+    (tmp_path / "packed_linear.json").write_text(json.dumps(stored))
     packed_linear.probe_seconds.cache_clear()
     assert packed_linear.chosen(torch.float32, (64, 32)) == "packed" and len(probes) == 4
     packed_linear.probe_seconds.cache_clear()
@@ -216,7 +216,7 @@ def test_a_forward_packs_by_both_passes_compiled_or_not(small_llama_pair, tmp_pa
     from specview.cpu.forward import llama
 
     monkeypatch.setenv("SPECVIEW_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "auto")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "auto")
     # a copy slower for one row, faster for five
     monkeypatch.setattr(packed_linear, "_probe", lambda dtype, shape, kernels: {
         "stock_one": 4.45, "packed_one": 5.53, "stock_rows": 8.19, "packed_rows": 7.06})

@@ -94,7 +94,7 @@ def test_wrong_inputs_are_refused_with_a_message():
 
 @needs_thin
 @pytest.mark.parametrize("bias", [True, False])
-def test_fastlinear_runs_it_on_its_panels(bias):
+def test_packed_linear_runs_it_on_its_panels(bias):
     torch.manual_seed(0)
     weight, b, x = torch.randn(40, 24), torch.randn(40) if bias else None, torch.randn(5, 24)
     packed = packed_linear.pack(weight, "thin")
@@ -112,24 +112,24 @@ def test_fastlinear_runs_it_on_its_panels(bias):
                                             pytest.param(True, "packed", marks=needs_compiler)])
 def test_fast_forwards_on_it_compute_what_transformers_computes(small_llama_pair, small_vocab_pair, compiled, gemv,
                                                                 monkeypatch):
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "thin")
     check_fast_forwards_on("thin", small_llama_pair, small_vocab_pair, compiled, gemv)
 
 
 @needs_thin
 @needs_compiler
 def test_greedy_speculative_on_it_equals_greedy_autoregressive(small_llama_pair, monkeypatch):
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "thin")
     check_greedy_speculative_on("thin", small_llama_pair)
 
 
 def test_switched_off_it_is_no_candidate(monkeypatch):
-    monkeypatch.setenv("SPECVIEW_THINMM", "0")
+    monkeypatch.setenv("SPECVIEW_THIN_KERNELS", "0")
     thin_kernels.unavailable_reason.cache_clear()
     thin_kernels.missing_reason.cache_clear()
     try:
-        assert thin_kernels.unavailable_reason() == "SPECVIEW_THINMM=0" and not thin_kernels.available()
-        assert thin_kernels.missing_reason() == "SPECVIEW_THINMM=0"
+        assert thin_kernels.unavailable_reason() == "SPECVIEW_THIN_KERNELS=0" and not thin_kernels.available()
+        assert thin_kernels.missing_reason() == "SPECVIEW_THIN_KERNELS=0"
         with pytest.raises(RuntimeError, match="cannot run here"):
             packed_linear.pack(torch.randn(4, 4), "thin")
     finally:
@@ -144,7 +144,7 @@ def test_a_damaged_library_is_built_again(tmp_path):
     env = {**os.environ, "SPECVIEW_CACHE_DIR": str(tmp_path)}
     name = subprocess.run([sys.executable, "-c", "from specview.cpu.matmul import thin_kernels; print(thin_kernels._name())"], env=env,
                           capture_output=True, text=True, check=True).stdout.strip()
-    library = tmp_path / "thinmm" / f"{name}.so"
+    library = tmp_path / "thin_kernels" / f"{name}.so"
     library.parent.mkdir()
     library.write_bytes(b"\x7fELF cut short")
     check = "from specview.cpu.matmul import thin_kernels; print(thin_kernels.unavailable_reason())"
@@ -229,11 +229,11 @@ def test_wrong_int4_operands_are_refused_with_a_message():
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_compiler)])
 def test_an_int4_forward_on_it_computes_what_torchs_int4_kernel_computes(small_llama_pair, monkeypatch, compiled):
     lm = as_int4(small_llama_pair[0])
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "0")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "0")
     stock = llama.FastForward(lm.model, compiled, gemv="reduce")
     layers = ("qkv", "o", "gate_up", "down")  # the head stays bfloat16 without +head
     assert {stock.pieces()[name]["rows"] for name in layers} == {"int4"}
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "thin")
     thin = llama.FastForward(lm.model, compiled, gemv="reduce")
     pieces = [thin.pieces()[name] for name in layers]
     assert {piece["rows"] for piece in pieces} == {piece["one_row"] for piece in pieces} == {"thin"}
@@ -245,7 +245,7 @@ def test_an_int4_forward_on_it_computes_what_torchs_int4_kernel_computes(small_l
 @needs_int4
 @needs_compiler
 def test_greedy_speculative_with_an_int4_draft_on_it_equals_greedy_autoregressive(small_llama_pair, monkeypatch):
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", "thin")
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", "thin")
     check_greedy_speculative_on("thin", small_llama_pair, draft=as_int4(small_llama_pair[1]), where=("draft", "one_row"))
 
 
@@ -258,7 +258,7 @@ def test_the_paths_other_cpus_take_compute_the_same_products(tmp_path, cflags, n
     its operators once per process), into a cache folder of its own."""
     if needs not in host.all_cpu_flags():
         pytest.skip(f"this CPU has no {needs}: its build is that path already")
-    env = {**os.environ, "SPECVIEW_CACHE_DIR": str(tmp_path), "SPECVIEW_THINMM_CFLAGS": cflags}
+    env = {**os.environ, "SPECVIEW_CACHE_DIR": str(tmp_path), "SPECVIEW_THIN_KERNELS_CFLAGS": cflags}
     check = """
 import torch
 from specview.cpu.matmul import thin_kernels

@@ -1,5 +1,5 @@
 """The target's exact law on the path a user gets by default: `specview run --draft MODEL@int4+head` with `--compile
-auto`, which puts the float32 target and its int4 draft (output head included) on fastdecode's forward, built ahead
+auto`, which puts the float32 target and its int4 draft (output head included) on the engine's own forward, built ahead
 of time (AOTInductor packages). The rest of the suite runs transformers' forward (conftest: SPECVIEW_COMPILE=0,
 SPECVIEW_AOT=0); here both are lifted, the models load through the loader's spec suffix and the session opens as
 `run`'s does, and transformers' forward is made to fail while sampling, so the law cannot be measured on it by
@@ -31,14 +31,14 @@ pytestmark = pytest.mark.timeout(1200)
 
 
 def user_cache() -> Path:
-    """The cache folder of this file's sessions, kept between the test sessions of a checkout like thinmm's library
+    """The cache folder of this file's sessions, kept between the test sessions of a checkout like the thin kernels' library
     (conftest.py): what a user's cache holds after a first start (the AOT packages, the kernels each probe chose),
     one folder per version of the forward's code (build_cache.kept_folder). A probe's choice of kernel changes what
     a package is built for, so the choices are kept with the packages: later sessions load, as a user's second
     start does. Each package's own name carries the digests of the files it was built from besides."""
     folder = kept_folder("test-default-path")
-    # the session's thinmm build folder and inductor cache (conftest.py), not a second build of either
-    for shared in ("thinmm", "inductor"):
+    # the session's the thin kernels build folder and inductor cache (conftest.py), not a second build of either
+    for shared in ("thin_kernels", "inductor"):
         link = folder / shared
         if link.is_symlink():
             link.unlink()

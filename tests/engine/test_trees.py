@@ -1,5 +1,5 @@
 """Token trees (docs/design/trees.md): one forward over the flattened tree gives each node the logits of its own
-path (transformers' 4-D mask on GPT-2 and Llama, and fastdecode's forward); the cache keeps the accepted
+path (transformers' 4-D mask on GPT-2 and Llama, and the engine's own forward); the cache keeps the accepted
 path only; greedy tree decoding equals greedy autoregressive decoding; sampled trees keep the target's exact
 law (test_lossless.py's enumeration test), and trying siblings against the unmodified p is caught."""
 
@@ -86,14 +86,14 @@ def ancestry(parents: list[int], node: int) -> list[int]:
     return out[::-1]
 
 
-@pytest.mark.parametrize("forward", ["transformers", "fastdecode",
+@pytest.mark.parametrize("forward", ["transformers", "the engine's own forward",
                                      pytest.param("compiled", marks=pytest.mark.skipif(
                                          aot_compile.unavailable_reason() is not None, reason="cannot compile here"))])
 def test_one_forward_over_the_tree_gives_each_path_its_logits(loaded_pair, forward, monkeypatch):
     """`compiled`: the whole-layer function of several rows built ahead of time, its mask [rows, end] symbolic in
     both sizes, the one the default backend runs for a tree's verify."""
     target, _ = loaded_pair
-    if forward != "transformers":  # the Llama family's forward, or fastgpt2's: the same loop, positions and mask
+    if forward != "transformers":  # the Llama family's forward, or the GPT-2 forward's: the same loop, positions and mask
         family, reason = forward_choice._family(target.model)
         assert reason is None, reason
         monkeypatch.setenv("SPECVIEW_AOT", "1")
@@ -173,7 +173,7 @@ def test_preorder_puts_each_first_child_after_its_parent():
     assert token_tree.spine(renumbered, [0]) == [0, 1, 2]  # the first-child path: consecutive rows
 
 
-def test_fastdecode_tree_verify_is_greedy_equal(small_llama_pair):
+def test_own_forward_tree_verify_is_greedy_equal(small_llama_pair):
     target, draft = small_llama_pair
     greedy = SamplingConfig(temperature=0)
     want = [t for s in Decoder(target, None, greedy, ignore_eos=True).generate(SMALL, 24) for t in s.emitted]
@@ -208,7 +208,7 @@ LAW_SAMPLES = 1200  # 40% of test_lossless's: these run a tree drafter's extra f
 
 @pytest.fixture(scope="module")
 def fast_pair(small_llama_pair):
-    """The vocabulary-8 Llama pair on fastdecode's eager forward: the law tests' thousands of runs cost a
+    """The vocabulary-8 Llama pair on the engine's own eager forward: the law tests' thousands of runs cost a
     third of transformers' forward (what they test is the decision, the forward is tested above)."""
     for lm in small_llama_pair:
         llama.install(lm.model, compiled=False)

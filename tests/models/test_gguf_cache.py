@@ -171,10 +171,10 @@ def test_a_new_format_replaces_its_old_entry_and_leaves_other_versions_alone(cac
     old, other_version, other_model = (entry_path("tiny", k) for k in (
         key, {**key, "transformers": "5.24.0"}, {**key, "source_sha256": "def"}))
     c({**key, "format": 3})  # a newer specview sharing the cache
-    (cache_root / "thinmm").mkdir()  # a build folder without a marker is not an entry
+    (cache_root / "thin_kernels").mkdir()  # a build folder without a marker is not an entry
     c({**key, "format": 2})
     assert not old.exists()  # the same model at an older FORMAT: nothing reads it any more
-    assert other_version.exists() and other_model.exists() and (cache_root / "thinmm").exists()
+    assert other_version.exists() and other_model.exists() and (cache_root / "thin_kernels").exists()
     assert entry_path("tiny", {**key, "format": 3}).exists()  # a newer FORMAT is not ours to remove
     assert entry_path("tiny", {**key, "format": 2}).exists() and c.builds == 5
     assert not [p for p in cache_root.iterdir() if p.name.startswith(".")]  # nothing left aside
@@ -218,9 +218,9 @@ def tiny_gguf(tmp_path_factory):
 
 def entries(root):
     """The converted-model entries (folders); the cache folder also keeps small per-machine figures
-    (bandwidth.json, fastlinear.json) and the per-machine builds (thinmm's library, the compiled forwards'
-    packages), which are not weights (a run builds thinmm there when no earlier test of the process did)."""
-    builds = ("thinmm", "aot")
+    (bandwidth.json, packed_linear.json) and the per-machine builds (the thin kernels' library, the compiled forwards'
+    packages), which are not weights (a run builds the thin kernels there when no earlier test of the process did)."""
+    builds = ("thin_kernels", "aot")
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in builds
                   ) if root.exists() else []
 

@@ -279,10 +279,10 @@ def test_split_halves_round_trip():
     assert torch.equal(join_halves(split_halves(codes)), codes)
 
 
-@pytest.mark.parametrize("kernel", ["0", "thin"])  # torch's int4 kernel alone, or thinmm's copy as well
+@pytest.mark.parametrize("kernel", ["0", "thin"])  # torch's int4 kernel alone, or the thin kernels' copy as well
 @pytest.mark.parametrize("rows", [(576, 192, 192), (64, 128), (48, 80, 16), (16, 16)])
 def test_fusing_by_stacking_packed_parts_packs_what_repacking_the_codes_packs(rows, kernel, monkeypatch):
-    """fastweights fuses q/k/v and gate/up by stacking their packed codes when every part fills the packer's row
+    """cpu/forward/weights.py fuses q/k/v and gate/up by stacking their packed codes when every part fills the packer's row
     blocks (the block probed on this machine), else by repacking the joined codes: both ways the same tensor."""
     from specview.cpu.forward import weights
     from specview.cpu.matmul import thin_kernels
@@ -290,7 +290,7 @@ def test_fusing_by_stacking_packed_parts_packs_what_repacking_the_codes_packs(ro
 
     if kernel == "thin" and thin_kernels.missing_reason() is not None:  # built but wrong: not a skip
         pytest.skip(f"no thin int4 kernel here: {thin_kernels.missing_reason()}")
-    monkeypatch.setenv("SPECVIEW_FASTLINEAR", kernel)
+    monkeypatch.setenv("SPECVIEW_PACKED_LINEAR", kernel)
     block = packed_row_block()
     assert block is None or block in (16, 32, 64, 128, 256)
     modules = [Int4Linear(torch.nn.Linear(64, n, bias=False)) for n in rows]
@@ -298,7 +298,7 @@ def test_fusing_by_stacking_packed_parts_packs_what_repacking_the_codes_packs(ro
     assert kind == "fused" and group == 32 and bias is None
     assert torch.equal(packed, pack_codes(join_halves(halves)))
     assert (thin is not None) == (kernel == "thin")
-    if thin is not None:  # thinmm's copy, where its kernel runs the fused product: of the same codes
+    if thin is not None:  # the thin kernels' copy, where its kernel runs the fused product: of the same codes
         assert all(map(torch.equal, thin, thin_kernels.pack_int4(join_halves(halves), scales_and_zeros)))
     assert torch.equal(scales_and_zeros, torch.cat([m.scales_and_zeros for m in modules], dim=1))
     x = torch.randn(3, 64, dtype=torch.bfloat16)

@@ -207,7 +207,7 @@ class _Bound(torch.nn.Module):
 
 class AotFunction:
     """`fn` built ahead of time (AOTInductor) for the signature of its first call, then called with the same
-    signature only: its caller (fastdecode's forward of one model) passes arguments of the same shapes, dtypes
+    signature only: its caller (the engine's own forward of one model) passes arguments of the same shapes, dtypes
     and constants every time, so no call is checked. With `rows` ({parameter name: dimension}), the rows of
     those arguments stay symbolic: one package serves every row count from 2 up (a verify, a prefill); a
     dimension given as (dimension, name) is a symbolic size of that name (a whole layer's cache capacity and

@@ -1,11 +1,11 @@
-"""fastdecode's forward for the GPT-2 family (gpt2, distilgpt2, gpt2-medium/large/xl and their fine-tunes):
-the same loop, cache and backends as the Llama one (fastdecode.FastForward), with GPT-2's layer.
+"""the engine's own forward for the GPT-2 family (gpt2, distilgpt2, gpt2-medium/large/xl and their fine-tunes):
+the same loop, cache and backends as the Llama one (llama.FastForward), with GPT-2's layer.
 
     attn_in   LayerNorm, the q/k/v product (c_attn: already one matrix), split into heads
     attn_out  c_proj, residual, LayerNorm, c_fc, GELU, the MLP's c_proj, residual
 
 Positions are learned (wpe, added to the token embedding), not rotary. transformers stores GPT-2's
-products as Conv1D, y = x W + b with W [in, out]; here each is an [out, in] copy so that fastdecode.linear
+products as Conv1D, y = x W + b with W [in, out]; here each is an [out, in] copy so that llama.linear
 runs it like any other matrix (the same product; int4 copies are already [out, in]).
 """
 
@@ -57,7 +57,7 @@ def head(h, ln_w, ln_b, eps: float, w, gemv: str):
 
 def layer(h, ln1_w, ln1_b, eps: float, qkv, heads: int, head_dim: int, keys, values, ends, mask, scale: float, o,
           ln2_w, ln2_b, fc, proj, approximate: str, gemv: str):
-    """A whole block (fastdecode.layer: the cache write and attention inside)."""
+    """A whole block (llama.layer: the cache write and attention inside)."""
     q, k, v = attn_in(h, ln1_w, ln1_b, eps, qkv, heads, head_dim, gemv)
     attn = attend(q, k, v, keys, values, ends, mask, scale)
     return attn_out(h, attn, o, ln2_w, ln2_b, eps, fc, proj, approximate, gemv)

@@ -17,7 +17,7 @@ each function into a few C++ kernels; the same two compiled functions serve all 
 are arguments), so a 30-layer model compiles two small graphs, not one long one, and the compiled
 functions are kept on disk (aot_compile.py). Each function is compiled twice: for one row (a token) and
 for several (a verify, a prefill: one graph whose row count is symbolic). Several rows multiply by
-packed weights (oneDNN's, MLAS's or thinmm's: packed_linear.product), operators the graph calls as they are; the
+packed weights (oneDNN's, MLAS's or the thin kernels': packed_linear.product), operators the graph calls as they are; the
 norms, rotary and activations around them fuse, so a verify gains too, not only a one-token step.
 
 A matrix product of one row can run as a multiply-and-sum reduction that inductor writes as one
@@ -83,7 +83,7 @@ def owned(entry, modules: list) -> list:
 
 class FastForward:
     """The fast forward of one model: its weights gathered once (q/k/v and gate/up fused into one matrix
-    each: a copy, the same memory price as fastlinear's packed copy), its functions eager or compiled."""
+    each: a copy, the same memory price as packed_linear's packed copy), its functions eager or compiled."""
 
     def __init__(self, model, compiled: bool, gemv: str = "mm", release_as_made: bool = False):
         """`release_as_made`: each layer's originals are released (release_originals) as soon as its copies are
@@ -194,7 +194,7 @@ class FastForward:
         return fns.head(h, self.final_norm, self.eps, self.lm_head, gemv)
 
     def _named_pieces(self) -> dict:
-        """piece -> ("fused" | "split", weight...) as fastweights.fuse gives them; a single matrix is ("fused", w)."""
+        """piece -> ("fused" | "split", weight...) as weights.fuse gives them; a single matrix is ("fused", w)."""
         layer = self.layers[0]
         return {"qkv": layer["qkv"], "o": ("fused", layer["o"]), "gate_up": layer["gate_up"],
                 "down": ("fused", layer["down"]), "head": ("fused", self.lm_head)}
@@ -215,9 +215,9 @@ class FastForward:
         out = {}
         for name, group in named.items():
             w = group[1]
-            if w[0] == "int8":  # thinmm's int8 kernel on the weight's exact codes, for every row count
+            if w[0] == "int8":  # the thin kernels' int8 kernel on the weight's exact codes, for every row count
                 shape, dtype, one_row, rows = list(w[1].shape), "int8", "int8", "int8"
-            elif w[0] == "int4":  # torch's int4 kernel ('int4') or thinmm's ('thin'), for every row count
+            elif w[0] == "int4":  # torch's int4 kernel ('int4') or the thin kernels' ('thin'), for every row count
                 kernel = "int4" if w[6] is None else "thin"
                 shape, dtype, one_row, rows = [w[2].shape[1], w[2].shape[0] * w[3]], "int4", kernel, kernel
             else:
@@ -230,7 +230,7 @@ class FastForward:
 
     def products(self) -> list:
         """Every weight a forward multiplies by, as linear()'s tuples, in its order: each layer's, then the head
-        (kernels.products_ms times them alone)."""
+        (forward_choice.products_ms times them alone)."""
         out = []
         for layer in self.layers:
             for entry in layer.values():  # norms are tensors or (weight, bias): their first item is no kind
@@ -382,7 +382,7 @@ class FastForward:
         return self._one_row_fns[self.gemv]
 
     def set_one_row(self, gemv: str, keep_others: bool = False) -> None:
-        """One-row products by `gemv` from now on (kernels.one_row_kernel times each): their own functions, as a
+        """One-row products by `gemv` from now on (forward_choice.one_row_kernel times each): their own functions, as a
         package built ahead of time serves the constants it was built for; `keep_others` keeps the other kinds'
         loaded for a probe that switches back and forth."""
         fns = self._one_row_fns.get(gemv) or _functions(self.backend, self._eager_functions())
@@ -438,8 +438,8 @@ def _functions(backend: str, eager: _Fns, rows: bool = False) -> _Fns:
     from specview.cpu.forward import aot_compile
 
     if backend == "aot":
-        # another family's functions (fastgpt2) call this file's linear and attend; linear calls fastlinear's
-        # products, and one of them is thinmm's operator (its schema is part of a built graph)
+        # another family's functions (the GPT-2 forward (cpu/forward/gpt2.py)) call this file's linear and attend; linear calls packed_linear's
+        # products, and one of them is the thin kernels' operator (its schema is part of a built graph)
         from specview.cpu.matmul import packed_linear, thin_kernels
 
         here = (llama_layers.__file__, packed_linear.__file__, *thin_kernels.SOURCES)
@@ -459,8 +459,8 @@ _runners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> Fa
 
 
 def install(model, compiled: bool, gemv: str | None = None, family: type = FastForward) -> FastForward:
-    """Run `model`'s forwards through `family` (FastForward for the Llama family, fastgpt2.GPT2Forward). `gemv`: the
-    one-row product ('mm' for a new runner); None keeps an installed runner's (kernels.prepare's choice)."""
+    """Run `model`'s forwards through `family` (FastForward for the Llama family, gpt2.GPT2Forward). `gemv`: the
+    one-row product ('mm' for a new runner); None keeps an installed runner's (fast_path.prepare's choice)."""
     runner = _runners.get(model)
     if (runner is None or runner.compiled != compiled or gemv is not None and runner.gemv != gemv
             or type(runner) is not family):

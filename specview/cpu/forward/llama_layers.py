@@ -17,19 +17,19 @@ def linear(x: torch.Tensor, w, gemv: str) -> torch.Tensor:
     scales [out, in / 32], bias | None), as cpu/forward/weights.py makes them.
     `gemv` is the kernel for one row of a dense weight: 'reduce' (a
     multiply-and-sum that inductor vectorizes), 'packed' (the packed copy) or 'mm' (F.linear); several rows
-    take the packed copy when there is one, else F.linear. A packed copy is oneDNN's, MLAS's or thinmm's, whichever
-    fastlinear's probe found faster for this shape; its product runs the kernel that packed it."""
-    if w[0] == "int8":  # a weight that is exactly int8 codes times scales (fastweights.head_weight)
+    take the packed copy when there is one, else F.linear. A packed copy is oneDNN's, MLAS's or the thin kernels', whichever
+    packed_linear's probe found faster for this shape; its product runs the kernel that packed it."""
+    if w[0] == "int8":  # a weight that is exactly int8 codes times scales (weights.head_weight)
         _, codes, scales, bias = w
-        y = torch.ops.specview_thinmm.int8_linear(x, codes, scales)
+        y = torch.ops.specview_thin.int8_linear(x, codes, scales)
         return y if bias is None else y + bias
     if w[0] == "int4":
-        # torch's int4 kernel, or thinmm's (`thin`: its copy of the codes) where it measured faster. Not written as
+        # torch's int4 kernel, or the thin kernels' (`thin`: its copy of the codes) where it measured faster. Not written as
         # torch ops (unpack, scale, multiply, sum): inductor's one-row loop over 4-bit codes ran several times slower
         # than torch's kernel.
         _, packed, sz, group, bias, _halves, thin = w
         if thin is not None:
-            y = torch.ops.specview_thinmm.int4_linear(x, thin[0], thin[1], group)
+            y = torch.ops.specview_thin.int4_linear(x, thin[0], thin[1], group)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, sz).to(x.dtype)
         return y if bias is None else y + bias

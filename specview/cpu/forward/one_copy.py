@@ -7,9 +7,9 @@ originals from the copies, exactly, the moment transformers' forward is wanted a
 a pre-hook on the model restores them first, so no caller ever reads a stand-in.
 
 An int4 layer (models/int4.py's Int4Linear) holds its codes twice, torch's packing (its forward's) and the
-halves (the codes two to a byte, which fused and device copies are made from), and a forward on thinmm's int4
+halves (the codes two to a byte, which fused and device copies are made from), and a forward on the thin kernels' int4
 kernel holds a third, that kernel's layout (fused q/k/v and gate/up: a fourth and fifth, their stacked packing and
-halves). Where thinmm's kernel runs a product, release_int4() keeps its copy alone; restore() unpacks the codes
+halves). Where the thin kernels' kernel runs a product, release_int4() keeps its copy alone; restore() unpacks the codes
 from it and packs torch's layout and the halves again, exactly.
 
 What keeps its original, and why:
@@ -50,7 +50,7 @@ class _Released:
 
 @dataclass
 class _ReleasedInt4:
-    thin_codes: torch.Tensor  # thinmm's layout of the (fused) matrix's codes: unpacked again by restore()
+    thin_codes: torch.Tensor  # the thin kernels' layout of the (fused) matrix's codes: unpacked again by restore()
     owners: list[tuple[torch.nn.Module, int, int]]  # (Int4Linear, first row, rows) of the matrix
 
 
@@ -112,7 +112,7 @@ def release(model: torch.nn.Module, pieces: list) -> tuple[list, int]:
 
 def release_int4(model: torch.nn.Module, pieces: list) -> tuple[list, int]:
     """`pieces`: (the forward's int4 tuple, the Int4Linear modules whose rows it stacks, in order). -> (the tuples
-    with torch's packing and the halves swapped for stand-ins, the bytes released). Only where thinmm's copy runs
+    with torch's packing and the halves swapped for stand-ins, the bytes released). Only where the thin kernels' copy runs
     every product of the tuple (its `thin` is set) and every module is a CPU Int4Linear."""
     out, freed, seen = [], 0, set()
     for w, modules in pieces:

@@ -23,7 +23,7 @@ class StaticKV:
         return self.length
 
     def crop(self, count: int) -> None:
-        """kvcache.crop_cache's convention: a negative count drops that many positions from the end."""
+        """kv_cache.crop_cache's convention: a negative count drops that many positions from the end."""
         self.length = max(0, self.length + count) if count < 0 else min(self.length, count)
 
     def reserve(self, total: int) -> None:

@@ -1,6 +1,6 @@
-"""A fast forward's weights as its products read them (fastdecode.linear): a dense matrix with the packed copy of
-the kernel fastlinear's probe chose for it, an int4 layer with torch's packed codes and, where thinmm's kernel
-measures faster, thinmm's copy, and the matrices that read the same input fused into one (q/k/v, gate/up).
+"""A fast forward's weights as its products read them (llama.linear): a dense matrix with the packed copy of
+the kernel packed_linear's probe chose for it, an int4 layer with torch's packed codes and, where the thin kernels' kernel
+measures faster, the thin kernels' copy, and the matrices that read the same input fused into one (q/k/v, gate/up).
 Built once per model at install; nothing here runs inside a forward."""
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ def head_weight(module, one_row: bool = True):
 
 def int4_weight(module):
     """('int4', packed, scales_and_zeros, group, bias, halves, thin): torch's packed codes, and `thin` None until
-    with_int4_kernel gives it thinmm's copy."""
+    with_int4_kernel gives it the thin kernels' copy."""
     return ("int4", module.packed, module.scales_and_zeros, module.group_size, module.bias,
             getattr(module, "halves", None), None)
 
 
 def with_int4_kernel(w):
-    """The int4 weight with thinmm's copy of its codes where fastlinear's probe finds that kernel faster for its
+    """The int4 weight with the thin kernels' copy of its codes where packed_linear's probe finds that kernel faster for its
     shape (every product then runs it), else as it is (torch's int4 kernel)."""
     _, packed, scales_and_zeros, group, bias, halves, _ = w
     if halves is None:  # codes on another device: torch's kernel
@@ -61,7 +61,7 @@ def with_int4_kernel(w):
 def dense(weight: torch.Tensor, bias, one_row: bool = True):
     """('dense', weight, packed copy | None, bias, one_row_reads_copy). The copy's kernel is chosen for one row and
     several (`one_row`), or for several alone (a compiled forward); then a one-row product reads the copy (gemv
-    'packed') only where the probe finds that kernel best for one row too, else F.linear: kernels.one_row_kernel
+    'packed') only where the probe finds that kernel best for one row too, else F.linear: forward_choice.one_row_kernel
     timed the copy of one shape only."""
     dtype, shape = weight.dtype, tuple(weight.shape)
     kernel = packed_linear.kernel_for(dtype, shape, one_row)

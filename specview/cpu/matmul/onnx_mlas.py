@@ -10,7 +10,7 @@ packs it once for MLAS at session start. The price is memory: onnxruntime keeps 
 besides its packed one, so MLAS costs two copies of the weights it runs where oneDNN costs one (a weight given as
 a graph input is not copied, but then not packed either, and its products ran much slower). A product is then one
 `session.run` (a small fixed overhead, paid once per matrix of a forward), on the calling thread. The result is the same product up to float
-summation order, as with any change of kernel. fastlinear's probe decides per machine, dtype and shape whether
+summation order, as with any change of kernel. packed_linear's probe decides per machine, dtype and shape whether
 this, oneDNN's packed product or F.linear runs a forward's products; nothing here runs unless it measured faster.
 
 To a compiled graph a product is `torch.ops.specview.mlas_linear(x, handle, bias, out_features)`: an opaque call
@@ -87,7 +87,7 @@ class _Product:
         # One thread, the caller's: a session's own pool would be N - 1 threads per weight (121 sessions a model:
         # thousands of threads on a many-core host), and one pool shared by every session about doubled a 2-thread
         # verify (its threads spin between products, when torch needs the cores). At 2 threads MLAS on one thread
-        # and on two were close; fastlinear's probe weighs it against oneDNN's threaded product at the engine's
+        # and on two were close; packed_linear's probe weighs it against oneDNN's threaded product at the engine's
         # thread count.
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1

@@ -19,12 +19,12 @@ MLAS, onnx_mlas.py; thin's panels one).
 Only the engine's forwards use it: `install(model)` gives each nn.Linear a forward that takes the
 packed path inside `active()` and is plain `F.linear` everywhere else, so transformers' own
 generate() (bench's peers) runs the stock code on the same model objects. Weights are packed at
-install (a start pays it once per model), except for a model that runs fastdecode's forward (engine.install_linears:
+install (a start pays it once per model), except for a model that runs the engine's own forward (engine.install_linears:
 that forward packs its own fused matrices, and these would be a second copy never read); one changed in place
 later (its `_version` moves) is packed again on its next forward.
 
 An `@int4` product has two kernels to choose from the same way (`int4_kernel`): torch's int4 kernel on its packed
-codes, or thinmm's on a copy of the codes in its own layout (half a byte a weight more: 66 MB for the bundled
+codes, or the thin kernels' on a copy of the codes in its own layout (half a byte a weight more: 66 MB for the bundled
 int4 draft), chosen per shape where it measures faster (on some CPUs torch's kernel reads its codes well below
 the memory's pace).
 """
@@ -87,7 +87,7 @@ def _trial(dtype: torch.dtype) -> bool:
         return False
 
 
-CHOICE_FILE = "fastlinear.json"
+CHOICE_FILE = "packed_linear.json"
 PROBE_BYTES = 64 * 2**20  # weights cycled through per probe pass, at least; past the CPU's caches (host.past_caches)
 PROBE_MATRICES = 512  # ...but no more matrices than this (a tiny model's shape would need thousands)
 # The kernels a product can run: F.linear, specview's own thin-product kernel on a copy in panels (thin_kernels.py),
@@ -109,14 +109,14 @@ def label(kernel: str) -> str:
 
 
 def int4_label() -> str:
-    """thinmm's int4 kernel as cache keys name it: its source and the path this CPU's build runs."""
+    """the thin kernels' int4 kernel as cache keys name it: its source and the path this CPU's build runs."""
     return f"thin {thin_kernels.int4_version()} {thin_kernels.int4_path()}"
 
 
 def chosen(dtype: torch.dtype, shape: tuple[int, int] = (2048, 2048), one_row: bool = True) -> str:
     """Which kernel runs this dtype and weight shape fastest here: not the same on every CPU (packed float32
     loses to F.linear on some AVX-512 hosts and wins on others; MLAS wins a verify's rows where oneDNN has no
-    AVX-512 path), so it is measured, never assumed. `one_row=False`: for a forward whose one-row products run another kernel (fastdecode's
+    AVX-512 path), so it is measured, never assumed. `one_row=False`: for a forward whose one-row products run another kernel (the engine's own
     compiled one), so only a verify's rows count."""
     return choose(probe_seconds(dtype, shape), one_row)
 
@@ -250,10 +250,10 @@ def _best_of(passes: dict, repeats: int) -> dict[str, float]:
 
 
 def kernel_for(dtype: torch.dtype, shape: tuple[int, int], one_row: bool = True) -> str:
-    """SPECVIEW_FASTLINEAR: 0 = stock kernels (to compare), 1 = oneDNN's packed product, mlas = MLAS's, thin =
-    thinmm's (each where it runs, else stock; for an int4 product, int4_kernel: 0, 1 and mlas mean torch's int4
-    kernel, thin thinmm's), auto (default) = what `chosen` measures fastest (`one_row`: as there)."""
-    mode = os.environ.get("SPECVIEW_FASTLINEAR", "auto")
+    """SPECVIEW_PACKED_LINEAR: 0 = stock kernels (to compare), 1 = oneDNN's packed product, mlas = MLAS's, thin =
+    the thin kernels' (each where it runs, else stock; for an int4 product, int4_kernel: 0, 1 and mlas mean torch's int4
+    kernel, thin the thin kernels'), auto (default) = what `chosen` measures fastest (`one_row`: as there)."""
+    mode = os.environ.get("SPECVIEW_PACKED_LINEAR", "auto")
     if mode == "0":  # before candidates(): no onnxruntime import and trial product for nothing
         return "stock"
     if mode in ("1", "mlas", "thin"):  # only the kernel asked for is tried (not built or loaded: the others)
@@ -271,12 +271,12 @@ def _runs(kernel: str, dtype: torch.dtype) -> bool:
 
 
 def int4_kernel(shape: tuple[int, int], group: int) -> str:
-    """'int4' (torch's kernel on its packed codes) or 'thin' (thinmm's int4 kernel on its own copy of them) for an
+    """'int4' (torch's kernel on its packed codes) or 'thin' (the thin kernels' int4 kernel on its own copy of them) for an
     `@int4` product of this weight shape [out, in] and group size: thin where the probe measures it faster here
     (the same codes, scales and bfloat16 activations: the same product up to float rounding order).
-    SPECVIEW_FASTLINEAR=0 keeps torch's,
+    SPECVIEW_PACKED_LINEAR=0 keeps torch's,
     thin forces thin (where it builds)."""
-    mode = os.environ.get("SPECVIEW_FASTLINEAR", "auto")
+    mode = os.environ.get("SPECVIEW_PACKED_LINEAR", "auto")
     if mode not in ("auto", "thin") or shape[0] % thin_kernels.INT4_ROWS or shape[1] % group or not thin_kernels.int4_available():
         return "int4"
     if mode == "thin":
@@ -323,12 +323,12 @@ def _probe_int4(shape: tuple[int, int], group: int, repeats: int = 5) -> dict[st
 
 
 def int8_kernel(shape: tuple[int, int], one_row: bool = True) -> str:
-    """'int8' (thinmm's kernel on a weight's exact int8 codes, thin_kernels.int8_codes: the same product up to float
+    """'int8' (the thin kernels' kernel on a weight's exact int8 codes, thin_kernels.int8_codes: the same product up to float
     rounding order) or 'dense' (the float32 weight with the kernels kernel_for chooses) for a weight of this shape
     [out, in]: int8 where the probe measures it faster here (a Q8_0 head read as its codes is about a quarter of
-    the float32 bytes). SPECVIEW_FASTLINEAR=0 keeps the float32 weight; thin forces int8 (where
+    the float32 bytes). SPECVIEW_PACKED_LINEAR=0 keeps the float32 weight; thin forces int8 (where
     it builds)."""
-    mode = os.environ.get("SPECVIEW_FASTLINEAR", "auto")
+    mode = os.environ.get("SPECVIEW_PACKED_LINEAR", "auto")
     if mode not in ("auto", "thin") or shape[1] % thin_kernels.INT8_BLOCK or not thin_kernels.int8_available():
         return "dense"
     if mode == "thin":
@@ -390,7 +390,7 @@ def install(model: torch.nn.Module, pack: bool = True) -> None:
     prefill does not pay for it (idempotent: a weight already packed is not packed again). Only where
     it is wanted (see `wanted`), judged per dtype and shape: a 576x576 projection, a 1536x576 MLP matrix
     and a 49152x576 head can each go either way on a given CPU. `pack=False` leaves the packing to a first
-    use: for a model whose forwards run fastdecode's (which packs its own fused matrices), these copies would
+    use: for a model whose forwards run the engine's own (which packs its own fused matrices), these copies would
     cost a start its packing time and a whole copy of the weights' memory for nothing."""
     for module in model.modules():
         # A module on a device never runs these kernels: judged before `wanted`, whose first call for a dtype and

@@ -2,17 +2,17 @@
 and a few rows by a weight of 4-bit codes, an `@int4` draft's every product (cpu/matmul/csrc/thin_int4.cpp).
 
 Built at first use with torch's C++ extension tooling (ninja and the C++ compiler torch's inductor already
-needs; seconds, once), for the CPU in hand (-march=native; AVX2 and FMA at least), into `<cache dir>/thinmm` under a
+needs; seconds, once), for the CPU in hand (-march=native; AVX2 and FMA at least), into `<cache dir>/thin_kernels` under a
 name that holds the source's hash and the CPU's flags: another CPU or another source is built again, and a later
 start only loads the library. The float32 kernel reads a copy of the weight in panels of output rows
 (`pack_panels`), as oneDNN reads its packed copy and MLAS its two; the int4 kernel reads the codes in a layout of
 its own (`pack_int4`), a second copy beside the one torch's int4 kernel reads (transformers' own forward of the same
 module).
 
-To a compiled graph a product is `torch.ops.specview_thinmm.linear(x, panels, out)` (or `int4_linear`), an operator of C++ (no Python hop
+To a compiled graph a product is `torch.ops.specview_thin.linear(x, panels, out)` (or `int4_linear`), an operator of C++ (no Python hop
 a call) that AOTInductor's graphs call by name: the library is loaded before any graph that uses it.
 
-fastlinear's probe decides per machine, dtype and shape whether this runs a forward's products: nothing here runs
+packed_linear's probe decides per machine, dtype and shape whether this runs a forward's products: nothing here runs
 unless it measured faster. Where it cannot be built (no compiler, no ninja, no AVX2) it is simply not a candidate;
 `unavailable_reason()` says why.
 """
@@ -46,7 +46,7 @@ def _name() -> str:
     a binary built for other flags could stop on an illegal instruction, which no Python handler catches)."""
     text = _sources() + " ".join(flags()).encode() + torch.__version__.encode()
     text += " ".join(sorted(host.all_cpu_flags())).encode()
-    return "specview_thinmm_" + hashlib.sha256(text).hexdigest()[:16]
+    return "specview_thin_" + hashlib.sha256(text).hexdigest()[:16]
 
 
 def _sources() -> bytes:
@@ -58,16 +58,16 @@ def _sources() -> bytes:
 
 
 def flags() -> list[str]:
-    """FLAGS, and SPECVIEW_THINMM_CFLAGS after them: `-mno-avx512bf16` or `-mno-avx512f` builds the paths another
+    """FLAGS, and SPECVIEW_THIN_KERNELS_CFLAGS after them: `-mno-avx512bf16` or `-mno-avx512f` builds the paths another
     CPU would take (the tests run them), as another library, named by its flags."""
-    return FLAGS + os.environ.get("SPECVIEW_THINMM_CFLAGS", "").split()
+    return FLAGS + os.environ.get("SPECVIEW_THIN_KERNELS_CFLAGS", "").split()
 
 
 def build_dir() -> str:
     """Where built libraries live: in specview's cache folder (deleting it rebuilds them)."""
     from specview.core.files import cache_dir
 
-    return str(cache_dir() / "thinmm")
+    return str(cache_dir() / "thin_kernels")
 
 
 @functools.cache
@@ -76,8 +76,8 @@ def missing_reason() -> str | None:
     a CPU without AVX2 and FMA, no compiler or ninja, a failed build. Nothing is multiplied: whether the loaded
     kernels compute the right products is the trials' question (the *_unavailable_reason functions), and the tests
     skip on this reason alone, so a kernel that is built but wrong fails them instead of skipping."""
-    if os.environ.get("SPECVIEW_THINMM", "1") == "0":
-        return "SPECVIEW_THINMM=0"
+    if os.environ.get("SPECVIEW_THIN_KERNELS", "1") == "0":
+        return "SPECVIEW_THIN_KERNELS=0"
     if not {"avx2", "fma"} <= host.all_cpu_flags():
         return "this CPU has no AVX2 and FMA"
     try:
@@ -166,7 +166,7 @@ def int8_available() -> bool:
 def int4_path() -> str:
     """Which of the int4 kernel's paths this CPU's build runs: 'avx512_bf16' (bfloat16 dot products), 'avx512' or
     'avx2' (float32 multiply-adds)."""
-    return torch.ops.specview_thinmm.int4_path()
+    return torch.ops.specview_thin.int4_path()
 
 
 def require() -> None:
@@ -215,7 +215,7 @@ BUILD_PREFIX = "build-"  # a build's scratch folder: build-<pid>-<random>
 
 def _defined() -> bool:
     try:
-        torch.ops.specview_thinmm.linear  # noqa: B018 - the lookup is the question
+        torch.ops.specview_thin.linear  # noqa: B018 - the lookup is the question
         return True
     except (AttributeError, RuntimeError):
         return False
@@ -251,22 +251,22 @@ def _build(folder: str, library: str) -> None:
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     """A float32 weight [out, in] -> the float32 kernel's layout: panels of panel_rows() output rows, feature-major,
     [ceil(out / rows), in, rows], rows past `out` zero (a copy: the kernel reads one contiguous stream a panel)."""
-    return torch.ops.specview_thinmm.pack_panels(weight.detach())
+    return torch.ops.specview_thin.pack_panels(weight.detach())
 
 
 def panel_rows() -> int:
     """Output rows per panel: two vectors of this build (32 with AVX-512, 16 with AVX2)."""
-    return torch.ops.specview_thinmm.panel_rows()
+    return torch.ops.specview_thin.panel_rows()
 
 
 def panel_linear(x: torch.Tensor, panels: torch.Tensor, out_features: int) -> torch.Tensor:
     """x [rows, in] times the weight pack_panels laid out, transposed, float32 (the caller adds a bias)."""
-    return torch.ops.specview_thinmm.linear(x, panels, out_features)
+    return torch.ops.specview_thin.linear(x, panels, out_features)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [rows, in] times weight [out, in] transposed, packing the panels first (a trial's, a test's: a forward
-    packs once, fastlinear.pack)."""
+    packs once, packed_linear.pack)."""
     return panel_linear(x, pack_panels(weight), weight.shape[0])
 
 
@@ -282,7 +282,7 @@ def pack_int4(codes: torch.Tensor, scales_and_zeros: torch.Tensor) -> tuple[torc
     n, k = codes.shape
     if n % INT4_ROWS or k % 8:
         raise ValueError(f"int4 codes {n}x{k}: out features must be a multiple of {INT4_ROWS}, in features of 8")
-    packed = torch.ops.specview_thinmm.pack_int4_codes(codes.to(torch.uint8))
+    packed = torch.ops.specview_thin.pack_int4_codes(codes.to(torch.uint8))
     groups = scales_and_zeros.shape[0]
     scales = scales_and_zeros.reshape(groups, n // INT4_ROWS, INT4_ROWS, 2).permute(1, 0, 3, 2)
     return packed, scales.contiguous()
@@ -305,7 +305,7 @@ def unpack_int4_codes(packed: torch.Tensor) -> torch.Tensor:
 def int4_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
     """x [rows, in] (bfloat16 or float32, rounded to bfloat16 as torch's int4 kernel rounds it) times the weight
     (q - 8) * scale + zero in pack_int4's layout, transposed; out in x's dtype."""
-    return torch.ops.specview_thinmm.int4_linear(x, codes, scales, group)
+    return torch.ops.specview_thin.int4_linear(x, codes, scales, group)
 
 
 INT8_BLOCK = 32  # input features per scale of int8_codes (the kernel's; a GGUF's Q8_0 block)
@@ -346,7 +346,7 @@ def int8_codes(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None
 
 def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x [rows, in] float32 times the weight codes * scales (int8_codes' pair), transposed: float32 throughout."""
-    return torch.ops.specview_thinmm.int8_linear(x, codes, scales)
+    return torch.ops.specview_thin.int8_linear(x, codes, scales)
 
 
 def int4_reference(x: torch.Tensor, codes: torch.Tensor, scales_and_zeros: torch.Tensor) -> torch.Tensor:
@@ -361,15 +361,15 @@ def int4_reference(x: torch.Tensor, codes: torch.Tensor, scales_and_zeros: torch
 @functools.cache
 def _register_fake() -> None:
     """The outputs' shapes for graphs being traced (once, after the library defined the operators)."""
-    @torch.library.register_fake("specview_thinmm::linear")
+    @torch.library.register_fake("specview_thin::linear")
     def _(x, panels, out_features):
         return x.new_empty(x.shape[0], out_features)
 
-    @torch.library.register_fake("specview_thinmm::int4_linear")
+    @torch.library.register_fake("specview_thin::int4_linear")
     def _(x, codes, scales, group):
         return x.new_empty(x.shape[0], codes.shape[0] * INT4_ROWS)
 
-    @torch.library.register_fake("specview_thinmm::int8_linear")
+    @torch.library.register_fake("specview_thin::int8_linear")
     def _(x, codes, scales):
         return x.new_empty(x.shape[0], codes.shape[0])
 

@@ -1,7 +1,7 @@
 // Thin float32 products y = x W^T for a few rows x [M, K] (a verify's K+1, a tree's nodes, one decoding row) by a
 // weight W [N, K] laid out in panels: P output rows at a time, feature-major, [ceil(N / P), K, P] (pack_panels,
 // zero rows past N). Built at first use by cpu/matmul/thin_kernels.py for the CPU in hand (-march=native), and run only where
-// fastlinear's probe measures it faster than F.linear, oneDNN and MLAS.
+// packed_linear's probe measures it faster than F.linear, oneDNN and MLAS.
 //
 // Why it exists: a verify reads every weight once, like a one-token step, so its products should cost about what
 // one row costs. On some CPUs MKL's sgemm and oneDNN's packed product read the weights markedly slower for 5 rows
@@ -14,7 +14,7 @@
 // is read once, from one contiguous stream per panel, and multiplied into all M rows; nothing is summed across
 // lanes. Each output is summed in the order k = 0, 1, .. whatever M is, so a row's result does not depend on
 // the rows beside it (bit for bit). Its cost grows slowly with the rows, where F.linear's grows fast: what
-// must hold for a verify to cost about one row's reading of the weights (fastlinear's probe checks it per machine).
+// must hold for a verify to cost about one row's reading of the weights (packed_linear's probe checks it per machine).
 // The operators used, one header each (not ATen/ATen.h, which parses all of them: the build takes half as long).
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
@@ -50,7 +50,7 @@ inline vec vset1(float v) { return _mm256_set1_ps(v); }
 inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
 #else
-#error "thinmm needs AVX2 and FMA (cpu/matmul/thin_kernels.py does not build it elsewhere)"
+#error "the thin kernels need AVX2 and FMA (cpu/matmul/thin_kernels.py does not build it elsewhere)"
 #endif
 
 constexpr int P = 2 * L;  // output rows per panel: two vectors
@@ -95,9 +95,9 @@ constexpr auto table(std::integer_sequence<int, Ms...>) {
 constexpr auto PANELS = table(std::make_integer_sequence<int, MAX_M>{});
 
 at::Tensor panel_linear(const at::Tensor& x_in, const at::Tensor& w_in, int64_t N) {
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat && w_in.scalar_type() == at::kFloat, "thinmm: float32 only");
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && w_in.scalar_type() == at::kFloat, "thin kernels: float32 only");
   TORCH_CHECK(x_in.dim() == 2 && w_in.dim() == 3 && w_in.size(2) == P && x_in.size(1) == w_in.size(1) &&
-              w_in.size(0) == (N + P - 1) / P, "thinmm: x [rows, in] and panels [ceil(out / ", P, "), in, ", P, "]");
+              w_in.size(0) == (N + P - 1) / P, "thin kernels: x [rows, in] and panels [ceil(out / ", P, "), in, ", P, "]");
   const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
   const int64_t M = x.size(0), K = x.size(1), panels = w.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
@@ -121,7 +121,7 @@ at::Tensor panel_linear(const at::Tensor& x_in, const at::Tensor& w_in, int64_t 
 
 // W [N, K] -> panels [ceil(N / P), K, P], rows past N zero.
 at::Tensor pack_panels(const at::Tensor& w_in) {
-  TORCH_CHECK(w_in.scalar_type() == at::kFloat && w_in.dim() == 2, "thinmm: a float32 weight [out, in]");
+  TORCH_CHECK(w_in.scalar_type() == at::kFloat && w_in.dim() == 2, "thin kernels: a float32 weight [out, in]");
   const int64_t N = w_in.size(0), K = w_in.size(1), panels = (N + P - 1) / P;
   at::Tensor w = w_in;
   if (panels * P != N) w = at::cat({w_in, at::zeros({panels * P - N, K}, w_in.options())});
@@ -132,12 +132,12 @@ int64_t panel_rows() { return P; }
 
 }  // namespace
 
-TORCH_LIBRARY(specview_thinmm, m) {
+TORCH_LIBRARY(specview_thin, m) {
   m.def("linear(Tensor x, Tensor panels, SymInt out_features) -> Tensor");
   m.def("pack_panels(Tensor w) -> Tensor");
   m.def("panel_rows() -> int", panel_rows);
 }
-TORCH_LIBRARY_IMPL(specview_thinmm, CPU, m) {
+TORCH_LIBRARY_IMPL(specview_thin, CPU, m) {
   m.impl("linear", panel_linear);
   m.impl("pack_panels", pack_panels);
 }

@@ -17,7 +17,7 @@
 // How: a vector lane per output row (16 with AVX-512, 8 with AVX2, which takes a block in two halves). A chunk is
 // one load; its codes become numbers once (decode) and meet every input row (mac). Group sums are scaled into
 // the output at group ends. More rows than MAX_M go through in groups of MAX_M over each block while its codes are
-// in cache (fastlinear's probe runs it only where it measures faster than torch's kernel).
+// in cache (packed_linear's probe runs it only where it measures faster than torch's kernel).
 // The operators used, one header each (not ATen/ATen.h, which parses all of them: the build takes half as long).
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
@@ -94,7 +94,7 @@ inline void features(const uint8_t* p, vec f[8]) {
   }
 }
 #else
-#error "thinmm needs AVX2 and FMA (cpu/matmul/thin_kernels.py does not build it elsewhere)"
+#error "the thin kernels need AVX2 and FMA (cpu/matmul/thin_kernels.py does not build it elsewhere)"
 #endif
 
 // The operands of one product, in the layout above. x: the input rows rounded to bfloat16, as bfloat16 (xb) and
@@ -225,17 +225,17 @@ void run(const Int4& a, int64_t M) {
 }
 
 at::Tensor int4_linear(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scales, int64_t G) {
-  TORCH_CHECK(x_in.dim() == 2, "thinmm int4: x [rows, in]");
+  TORCH_CHECK(x_in.dim() == 2, "thin kernels int4: x [rows, in]");
   TORCH_CHECK(x_in.scalar_type() == at::kBFloat16 || x_in.scalar_type() == at::kFloat,
-              "thinmm int4: x bfloat16 or float32");
+              "thin kernels int4: x bfloat16 or float32");
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 3 && codes.size(2) == CHUNK && codes.is_contiguous(),
-              "thinmm int4: codes uint8 [out/16, in/8, 64], contiguous");
+              "thin kernels int4: codes uint8 [out/16, in/8, 64], contiguous");
   const int64_t M = x_in.size(0), K = x_in.size(1), N = codes.size(0) * ROWS;
   TORCH_CHECK(G > 0 && G % 8 == 0 && K % G == 0 && codes.size(1) * 8 == K,
-              "thinmm int4: in features a multiple of the group size (a multiple of 8), codes [out/16, in/8, 64]");
+              "thin kernels int4: in features a multiple of the group size (a multiple of 8), codes [out/16, in/8, 64]");
   TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.is_contiguous() &&
                   scales.sizes() == at::IntArrayRef({N / ROWS, K / G, 2, ROWS}),
-              "thinmm int4: scales bfloat16 [out/16, in/group, 2, 16], contiguous");
+              "thin kernels int4: scales bfloat16 [out/16, in/group, 2, 16], contiguous");
   // The activations as torch's int4 kernel takes them, rounded to bfloat16 (bfloat16 ones are read in place), and
   // their sums per group, in plain loops: ATen calls for these cost a visible share of a draft's forward
   const at::Tensor x = x_in.contiguous();
@@ -279,8 +279,8 @@ std::string int4_path() {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(specview_thinmm, m) {
+TORCH_LIBRARY_FRAGMENT(specview_thin, m) {
   m.def("int4_linear(Tensor x, Tensor codes, Tensor scales, int group) -> Tensor");
   m.def("int4_path() -> str", int4_path);
 }
-TORCH_LIBRARY_IMPL(specview_thinmm, CPU, m) { m.impl("int4_linear", int4_linear); }
+TORCH_LIBRARY_IMPL(specview_thin, CPU, m) { m.impl("int4_linear", int4_linear); }

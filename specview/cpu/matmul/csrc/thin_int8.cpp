@@ -1,7 +1,7 @@
 // Products by a weight held as int8 codes with a float32 scale per block of 32 input features, w = d q, for float32
 // rows x [M, K]: y[m, n] = sum_b d[n, b] sum_{j in b} q[n, j] x[m, j]. The same product as x W^T on the float32
 // weight, up to float rounding order, wherever w = d q holds exactly: a GGUF's Q8_0 tensor dequantized to float32
-// is such a weight (fp16 d times an int8 q needs 18 bits of mantissa: exact in float32), and thinmm.int8_codes
+// is such a weight (fp16 d times an int8 q needs 18 bits of mantissa: exact in float32), and the thin kernels.int8_codes
 // checks it bit for bit before anything runs here.
 //
 // Why it exists: the bundled SmolLM2's tied head is Q8_0 in its GGUF; as float32 it is 113 MB of a 540 MB forward,
@@ -58,7 +58,7 @@ inline vec codes(const int8_t* p) {  // 8 int8 -> 8 floats
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 #else
-#error "thinmm needs AVX2 and FMA (cpu/matmul/thin_kernels.py does not build it elsewhere)"
+#error "the thin kernels need AVX2 and FMA (cpu/matmul/thin_kernels.py does not build it elsewhere)"
 #endif
 
 constexpr int V = BLOCK / L;  // vectors per block
@@ -113,12 +113,12 @@ void rows(const Int8& a, int64_t n0, int64_t M) {
 }
 
 at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& q, const at::Tensor& d) {
-  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "thinmm int8: x float32 [rows, in]");
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous(), "thinmm int8: codes int8 [out, in]");
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "thin kernels int8: x float32 [rows, in]");
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous(), "thin kernels int8: codes int8 [out, in]");
   const int64_t M = x_in.size(0), K = x_in.size(1), N = q.size(0);
-  TORCH_CHECK(q.size(1) == K && K % BLOCK == 0, "thinmm int8: in features a multiple of 32, as the codes'");
+  TORCH_CHECK(q.size(1) == K && K % BLOCK == 0, "thin kernels int8: in features a multiple of 32, as the codes'");
   TORCH_CHECK(d.scalar_type() == at::kFloat && d.is_contiguous() && d.sizes() == at::IntArrayRef({N, K / BLOCK}),
-              "thinmm int8: scales float32 [out, in / 32], contiguous");
+              "thin kernels int8: scales float32 [out, in / 32], contiguous");
   const at::Tensor x = x_in.contiguous();
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
@@ -139,5 +139,5 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& q, const at::Te
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(specview_thinmm, m) { m.def("int8_linear(Tensor x, Tensor codes, Tensor scales) -> Tensor"); }
-TORCH_LIBRARY_IMPL(specview_thinmm, CPU, m) { m.impl("int8_linear", int8_linear); }
+TORCH_LIBRARY_FRAGMENT(specview_thin, m) { m.def("int8_linear(Tensor x, Tensor codes, Tensor scales) -> Tensor"); }
+TORCH_LIBRARY_IMPL(specview_thin, CPU, m) { m.impl("int8_linear", int8_linear); }

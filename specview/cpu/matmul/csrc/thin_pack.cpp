@@ -39,5 +39,5 @@ at::Tensor pack_int4_codes(const at::Tensor& codes_in) {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(specview_thinmm, m) { m.def("pack_int4_codes(Tensor codes) -> Tensor"); }
-TORCH_LIBRARY_IMPL(specview_thinmm, CPU, m) { m.impl("pack_int4_codes", pack_int4_codes); }
+TORCH_LIBRARY_FRAGMENT(specview_thin, m) { m.def("pack_int4_codes(Tensor codes) -> Tensor"); }
+TORCH_LIBRARY_IMPL(specview_thin, CPU, m) { m.impl("pack_int4_codes", pack_int4_codes); }
