@@ -31,6 +31,9 @@ from specview.remote.endpoint import probe
 DEFAULT_METHOD = "ngram"
 DRAFT_ROOM = 64  # context past prompt + N for the drafts of the last step
 SETTLE_S = 5.0  # how long the counters may lag the response
+# vLLM's processes keep polling their shared-memory queues (sched_yield in a loop) for a second after each message
+# before they sleep: bench waits that long after a run, untimed, so the next method does not share the cores with it
+SPIN_S = 1.2
 
 
 def split_peer(peer: str) -> str:
@@ -76,6 +79,7 @@ class VllmMethod:
                           accepted_per_position=list(delta.per_position),
                           acceptance_rate=delta.accepted / delta.draft_tokens if delta.draft_tokens else None,
                           mean_emitted_per_step=len(ids) / forwards if forwards > 0 else None)
+        time.sleep(SPIN_S)
         return RunRecord(self.name, k if self.method else None, wall, ids, engine=engine)
 
     def _delta(self, before, tokens: int):
@@ -97,8 +101,8 @@ def head_folder(session, method: str) -> str | None:
     folder (a GGUF draft's converted folder). None when --draft has none."""
     for drafter in session.drafters:
         spec = getattr(drafter, "spec", "")
-        if method == "eagle3" and spec.startswith("eagle"):
-            folder = getattr(drafter, "head_path", None) or getattr(drafter, "path", None)
+        if method == "eagle3" and spec.startswith("eagle"):  # `--draft eagle3:HEAD_FOLDER` (issue eagle)
+            folder = getattr(drafter, "head_path", None) or getattr(drafter, "path", None) or spec.partition(":")[2]
             return str(folder) if folder else None
     if method == "draft" and session.draft is not None:
         return vllm_server.model_folder(session.draft.spec.partition("@")[0])

@@ -67,8 +67,8 @@ def early_stops(doc: dict) -> dict[str, int]:
     """category -> requests that ended before N tokens (end-of-sequence, or an empty text), where any did."""
     out: dict[str, int] = {}
     for r in doc.get("results") or []:
-        if r.get("stop") not in (None, "length"):
-            out[r["category"]] = out.get(r["category"], 0) + 1
+        if isinstance(r, dict) and r.get("stop") not in (None, "length"):
+            out[str(r.get("category"))] = out.get(str(r.get("category")), 0) + 1
     return out
 
 

@@ -30,7 +30,7 @@ def models(gpt2_paths):
 
 
 @pytest.mark.parametrize("argv", [
-    ["--peer", "vllm"], ["--peer", ""], ["--sweep-k", ""], ["--sweep-k", "1,,2"], ["--sweep-k", "a,b"],
+    ["--peer", "sglang"], ["--peer", "vllm:medusa"], ["--peer", ""], ["--sweep-k", ""], ["--sweep-k", "1,,2"], ["--sweep-k", "a,b"],
     ["--sweep-k", "0,2"], ["--sweep-k", "2.5"], ["--num-runs", "0"], ["-R", "-1"], ["--num-runs", "x"],
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv):

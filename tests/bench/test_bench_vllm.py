@@ -51,6 +51,7 @@ def fake_venv(tmp_path, monkeypatch):
     pids = tmp_path / "pids"
     monkeypatch.setenv("FAKE_VLLM_PIDS", str(pids))
     monkeypatch.setattr(vllm_server, "STOP_S", 2.0)  # its child ignores SIGTERM: the SIGKILL comes sooner
+    monkeypatch.setattr("specview.bench.vllm_peer.SPIN_S", 0.0)  # the fake does not poll
     return SimpleNamespace(python=str(python), pids=pids)
 
 
