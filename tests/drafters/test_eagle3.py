@@ -252,3 +252,31 @@ def test_check_passes_with_a_tiny_head(capsys, target_path, head_path):
                              "w1 w2 w3", "-N", "16")
     assert code == 0, err
     assert out.strip().splitlines()[-1].startswith("result=pass drafters=1 greedy_same=4/4")
+
+
+@pytest.mark.timeout(900)
+def test_a_random_head_of_the_shipped_shape_drafts_for_the_bundled_target(tmp_path):
+    """The bundled SmolLM2-135M (30 layers: vLLM's default layers 2, 15, 27) with a head of random weights in the
+    shape `make train-head` ships (a 3072-id draft vocabulary, float16 on disk, under 10 MB): it loads, drafts, and
+    greedy output is the target's own."""
+    import os
+
+    from specview.drafters.eagle3_checkpoint import HeadConfig, default_aux_layers, save_head
+    from specview.drafters.eagle3_head import Eagle3Head
+
+    target = load_model("smollm2-135m", torch.device("cpu"))
+    torch.manual_seed(0)
+    ids = torch.arange(3072) * 16
+    cfg = HeadConfig(576, 4, 2, 64, 640, 1e-5, 49152, 3072, 576, default_aux_layers(30), 8192, 100000.0)
+    head = Eagle3Head(cfg, target.model.get_input_embeddings())
+    with torch.no_grad():
+        head.d2t.copy_(ids - torch.arange(3072))
+    save_head(head, str(tmp_path / "head"), target.model.config.to_dict())
+    assert sum(os.path.getsize(tmp_path / "head" / f) for f in os.listdir(tmp_path / "head")) < 10e6
+    drafter = eagle3.build(f"eagle3:{tmp_path / 'head'}", target)
+    assert drafter.target_layers == (2, 15, 27)
+    greedy = SamplingConfig(temperature=0.0)
+    prompt = target.tokenizer("The history of the printing press")["input_ids"]
+    expected, _ = generate(Decoder(target, None, greedy, k=4, ignore_eos=True), prompt, 16)
+    got, steps = generate(Decoder(target, drafter, greedy, k=4, ignore_eos=True), prompt, 16)
+    assert got == expected and sum(len(s.drafted) for s in steps) > 0
