@@ -1,6 +1,6 @@
 """Compiled forwards built in the background: a session starts at once on transformers' forward, while a thread
 builds (or loads) the engine's own forward, probes it, and settles the verdict; the engine takes it between two
-steps (fast_path.take_ready, engine/decoder.py's Run.step), moving its KV caches over.
+steps (fast_path.take_finished_builds, the hook a session hands the Decoder), moving its KV caches over.
 
 Only the layout is made on the caller's thread (the model's matrices fused in place while no forward runs); the
 thread chooses each product's kernel and packs its copy, builds the compiled functions and times them, reading the

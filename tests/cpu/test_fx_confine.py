@@ -15,7 +15,7 @@ from torch.fx import _symbolic_trace as fx_trace
 
 import tiny
 from specview.core.settings import SamplingConfig
-from specview.cpu import builds, fast_path, fx_confine
+from specview.cpu import builds, fast_path, forward_choice, fx_confine
 from specview.engine.decoder import Decoder
 from specview.models.loader import load_pair
 
@@ -72,7 +72,7 @@ def traced_build(target) -> tuple[threading.Event, threading.Event, dict]:
 def finish(target, release) -> None:
     release.set()
     assert builds.wait(target.model, timeout=60)
-    fast_path.take_ready(target.model)
+    forward_choice.take_ready(target.model)
 
 
 def test_a_trace_on_the_build_thread_leaves_the_session_decoding(pair):
