@@ -52,7 +52,7 @@ def test_peer_takes_a_list():
     assert parser.parse_args(["--peer", "hf,hf"]).peer == "hf"
 
 
-@pytest.mark.parametrize("value", ["vllm", "", "hf,", "hf,,llamacpp", "hf,vllm", "llama.cpp"])
+@pytest.mark.parametrize("value", ["vllm:bogus", "", "hf,", "hf,,llamacpp", "hf,vllm:medusa", "llama.cpp", "vllm,vllm:ngram"])
 def test_bad_peer_is_one_line_and_exit_2(capsys, value):
     code, out, err = run_cli(capsys, "bench", "--peer", value)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -19,8 +19,8 @@ MLAS, onnx_mlas.py; thin's panels one).
 Only the engine's forwards use it: `install(model)` gives each nn.Linear a forward that takes the
 packed path inside `active()` and is plain `F.linear` everywhere else, so transformers' own
 generate() (bench's peers) runs the stock code on the same model objects. Weights are packed at
-install (a start pays it once per model), except for a model that runs the engine's own forward (engine.install_linears:
-that forward packs its own fused matrices, and these would be a second copy never read); one changed in place
+install (a start pays it once per model), except for a model that runs the engine's own forward (fast_path.attach: that
+forward packs its own fused matrices, and these would be a second copy never read); one changed in place
 later (its `_version` moves) is packed again on its next forward.
 
 An `@int4` product has two kernels to choose from the same way (`int4_kernel`): torch's int4 kernel on its packed
