@@ -354,14 +354,15 @@ def load_codes(folder) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 def int4_copy(model: nn.Module, group_size: int = GROUP_SIZE, head: bool = False,
-              stored: dict | None = None, context: int | None = None) -> nn.Module:
+              stored: dict | None = None, context: int | None = None, say=lambda msg: None) -> nn.Module:
     """A deep copy of `model` (a transformers CausalLM) whose linear layers (nn.Linear, and GPT-2's
     transformers.pytorch_utils.Conv1D, whose weight is stored transposed [in, out]) are replaced by an
     Int4Linear module; everything else (embeddings, norms, and the lm_head, tied or not) is bfloat16.
     With `head`, the lm_head is an Int4Linear too (untied: the input embedding stays a bfloat16 lookup), its codes
     fit to the activations the model itself produces (head_importance: 4 x 32 sampled tokens).
     The input model is not modified. `stored` (load_codes of an earlier copy of the same weights, the same group
-    size and head) gives every matrix its codes without quantizing: the same copy, sooner."""
+    size and head) gives every matrix its codes without quantizing: the same copy, sooner. `say` hears the share of
+    matrices done, in tenths."""
     check_int4_supported(model, next(model.parameters()).device, group_size, head)
     # The copy is made without copying a weight twice: the matrices about to be replaced are read, not copied (the
     # copy's modules point at the source's until their Int4Linear replaces them; a full copy of them cost every
@@ -385,7 +386,10 @@ def int4_copy(model: nn.Module, group_size: int = GROUP_SIZE, head: bool = False
     output = int4.get_output_embeddings()
     # Only the head gets an importance: a layer matrix's min/max codes are the GGUF's own (`@int4` keeps them).
     importance = head_importance(model, context=context) if head and stored is None else None
-    for name in names:
+    tenth = max(1, len(names) // 10)
+    for i, name in enumerate(names):
+        if i and i % tenth == 0:
+            say(f"int4 copy: {100 * i // len(names)}% of {len(names)} matrices")
         parent_name, _, child = name.rpartition(".")
         is_head = int4.get_submodule(name) is output
         setattr(int4.get_submodule(parent_name), child,

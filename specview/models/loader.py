@@ -162,10 +162,11 @@ def _load_source(src: ModelSource, spec: str, cache: bool = True, say: Callable[
                  placement: dict | None = None):
     if src.gguf_file and cache:
         return _load_gguf_cached(src, spec, say or (lambda msg: None), placement)
-    return _from_pretrained(src, spec, placement=placement)
+    return _from_pretrained(src, spec, placement=placement, say=say)
 
 
-def _from_pretrained(src: ModelSource, spec: str, folder: str | None = None, placement: dict | None = None):
+def _from_pretrained(src: ModelSource, spec: str, folder: str | None = None, placement: dict | None = None,
+                     say: Callable[[str], None] | None = None):
     """from_pretrained of the source, or of `folder` (a save_pretrained folder standing for it: the
     weights cache), in float32 for a GGUF source as for the direct load, as stored otherwise.
     `placement`: device_map / max_memory / offload_folder for accelerate (specview.models.placement)."""
@@ -175,7 +176,7 @@ def _from_pretrained(src: ModelSource, spec: str, folder: str | None = None, pla
     path = folder or src.path
     kwargs = {"gguf_file": src.gguf_file} if src.gguf_file and not folder else {}
     if kwargs:
-        _quiet_gguf_progress()
+        _gguf_progress(f"converting {src.gguf_file}", say or (lambda msg: None))
     if not src.local and not _in_local_cache(src.path) and not _hub_reachable():
         # Fail in a second instead of a minute of retries with a traceback-like log per retry.
         raise _hub_error(spec, OSError("cannot connect"))
@@ -228,7 +229,7 @@ def _load_gguf_cached(src: ModelSource, spec: str, say: Callable[[str], None], p
 
     def build():
         say(f"converting {src.gguf_file} (first start only: the result is cached)")
-        model, tokenizer = _from_pretrained(src, spec)
+        model, tokenizer = _from_pretrained(src, spec, say=say)
         quantizer = getattr(model, "hf_quantizer", None)
         if quantizer is not None and _all_plain(model):
             # Dequantized on load: a plain float32 model that only still carries the GGUF quantizer,
@@ -289,15 +290,21 @@ def _bad_file(folder: str, err: Exception) -> str:
     return f"cannot read {where} ({one_line(err, 160)})"
 
 
-def _quiet_gguf_progress() -> None:
-    """transformers' GGUF reader draws its own tqdm bar (not behind its progress-bar switch); our
-    clients show their own progress, so give it a silent tqdm."""
-    from functools import partial
-
+def _gguf_progress(what: str, say: Callable[[str], None]) -> None:
+    """transformers' GGUF reader draws its own tqdm bar over the file's tensors (not behind its progress-bar switch);
+    our clients show their own progress, so its bar becomes a count said through `say` in tenths ("converting X: 40%
+    of 273 tensors"): the longest wait of a first start, shown moving."""
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
-    from tqdm.auto import tqdm
 
-    gguf_utils.tqdm = partial(tqdm, disable=True)
+    def counted(iterable, *args, **kwargs):
+        items = list(iterable)
+        tenth = max(1, len(items) // 10)
+        for i, item in enumerate(items):
+            if i and i % tenth == 0:
+                say(f"{what}: {100 * i // len(items)}% of {len(items)} tensors")
+            yield item
+
+    gguf_utils.tqdm = counted
 
 
 def load_model(spec: str, device: torch.device, loaded: dict | None = None, *, cache: bool = True,
@@ -332,7 +339,7 @@ def load_model(spec: str, device: torch.device, loaded: dict | None = None, *, c
             on_progress(f"making {spec}: a weight-only int4 copy (its codes are kept after the first start)")
         # Quantized where the base is (on the host, unless a target of the same source moved it already), then
         # moved: the full-precision base never goes to the device for a draft's sake.
-        model = int4_to_device(_int4_copy(base, src, cache), device)
+        model = int4_to_device(_int4_copy(base, src, cache, on_progress or (lambda msg: None)), device)
     elif src.dtype is not None and src.dtype != next(base.parameters()).dtype:
         model = cast_copy(base, src.dtype)
     model = model.to(device)
@@ -340,7 +347,7 @@ def load_model(spec: str, device: torch.device, loaded: dict | None = None, *, c
     return LoadedModel(spec, model, tokenizer, device, dtype, context_length(model.config))
 
 
-def _int4_copy(base: torch.nn.Module, src: ModelSource, cache: bool) -> torch.nn.Module:
+def _int4_copy(base: torch.nn.Module, src: ModelSource, cache: bool, say: Callable[[str], None]) -> torch.nn.Module:
     """int4.int4_copy, its codes kept in the weights cache beside the converted GGUF they came from (keyed by its
     key, the group size and the head): a later start reads them instead of quantizing 135M weights again."""
     from specview.models import gguf_cache, int4
@@ -348,14 +355,14 @@ def _int4_copy(base: torch.nn.Module, src: ModelSource, cache: bool) -> torch.nn
     head, context = src.int4_head, context_length(base.config)
     key = _cache_keys.get(base) if cache and next(base.parameters()).device.type == "cpu" else None
     if key is None:
-        return int4.int4_copy(base, head=head, context=context)
+        return int4.int4_copy(base, head=head, context=context, say=say)
     # the packed layout is the CPU kernel's: the capability torch dispatches on (AVX512, AVX2...) is in the key
     key = {**key, "int4": {"group": int4.GROUP_SIZE, "head": head, "codes": int4.CODES_FORMAT,
                            "capability": torch.backends.cpu.get_cpu_capability()}}
     name = f"{os.path.splitext(src.gguf_file)[0]}-int4{'+head' if head else ''}"
     model, _how = gguf_cache.cached_load(
-        key, lambda: int4.int4_copy(base, head=head, context=context), int4.save_codes,
-        lambda folder: int4.int4_copy(base, head=head, stored=int4.load_codes(folder)), name=name)
+        key, lambda: int4.int4_copy(base, head=head, context=context, say=say), int4.save_codes,
+        lambda folder: int4.int4_copy(base, head=head, stored=int4.load_codes(folder), say=say), name=name)
     return model
 
 

@@ -390,3 +390,22 @@ def test_two_starts_at_once_convert_the_model_once(cache_root):
             if process is not None and process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def test_a_first_load_says_how_far_the_conversion_and_the_int4_copy_are(tiny_gguf, cache_root):
+    """The loading screen's and run's status line hear the share of the GGUF's tensors converted and of the matrices
+    copied to int4, in tenths, rising; a load from the cache converts nothing and says no share of it."""
+    import re
+
+    heard: list[str] = []
+    load_model(tiny_gguf + "@int4", torch.device("cpu"), on_progress=heard.append)
+
+    def shares(prefix):
+        return [int(m.group(1)) for line in heard if (m := re.match(prefix + r".*: (\d+)% of \d+ ", line))]
+
+    converted, copied = shares("converting tiny.gguf"), shares("int4 copy")
+    assert len(converted) >= 5 and converted == sorted(converted) and converted[-1] < 100
+    assert len(copied) >= 5 and copied == sorted(copied) and copied[-1] < 100
+    heard.clear()
+    load_model(tiny_gguf, torch.device("cpu"), on_progress=heard.append)
+    assert not shares("converting")
