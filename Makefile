@@ -5,7 +5,7 @@ STAMP   := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test test-fast fuzz stress train-head bench bench-gpt2 bench-llamacpp engines bench-copy eval fidelity results gpu-smoke \
+.PHONY: install run test test-cold test-fast fuzz stress train-head bench bench-gpt2 bench-llamacpp engines bench-copy eval fidelity results gpu-smoke \
 	lint check \
 	clean
 
@@ -32,6 +32,11 @@ run: install
 XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 test: install
 	SPECVIEW_SKIP_GATE=1 $(PY) -m pytest -q $(XDIST) --durations=15 tests
+
+# make test as a machine's first run: the builds tests/support/build_cache.py keeps between sessions (the compiled
+# forwards, the kernel library) made again in an empty folder, then removed.
+test-cold: install
+	builds=$$(mktemp -d); trap "rm -rf $$builds" EXIT; SPECVIEW_TEST_BUILDS=$$builds $(MAKE) test
 
 # The inner loop: the suite without the tests marked slow (tests/conftest.py, SLOW: the exact-law and check files, the
 # compiled path's builds, a kernel library's rebuild, the fuzzers). make test before a commit that touches the engine,

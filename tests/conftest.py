@@ -22,21 +22,18 @@ os.environ["SPECVIEW_LOAD"] = "quiet"
 # tests never read or fill the user's ~/.cache/specview (the bundled model is converted once per session).
 os.environ["SPECVIEW_CACHE_DIR"] = tempfile.mkdtemp(prefix="specview-test-cache-")
 atexit.register(shutil.rmtree, os.environ["SPECVIEW_CACHE_DIR"], True)
-# Except the thin kernels' C++ library (~30 s of compiling): the workers of a session, and the sessions of a checkout, share
-# one build folder (build/, ignored by git). Its builds are flock'ed and moved into place whole, and a library's name
-# carries its sources' hash and flags, so a changed kernel is built again. The tests of building (test_thin_kernels.py)
-# give their subprocesses cache folders of their own.
-_KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "test-thin-kernels")
-os.makedirs(_KERNELS, exist_ok=True)
-os.symlink(_KERNELS, os.path.join(os.environ["SPECVIEW_CACHE_DIR"], "thin_kernels"))
-# And so is compiled code: inductor's cache (its FX graphs, kernels and the precompiled header every AOT package's
-# wrapper is built against) and the AOT packages (aot_compile.aot_dir). Both are keyed by all they were built from and
-# written whole (os.replace; the packages flock'ed), so the two workers of a run build each graph and package once,
-# and a later session of the checkout loads them, as a user's second start does. One folder per version of
-# specview/cpu's code (build_cache.py). The tests of building itself give it a folder of their own (tmp_path).
+# Except what is built from specview/cpu's code (tests/support/build_cache.py: kept between the sessions of this
+# machine, outside the checkout). The thin kernels' C++ library: its builds are flock'ed and moved into place whole,
+# and a library's name carries its sources' hash and flags, so a changed kernel is built again. And compiled code:
+# inductor's cache (its FX graphs, kernels and the precompiled header every AOT package's wrapper is built against)
+# and the AOT packages (aot_compile.aot_dir), keyed by all they were built from and written whole (os.replace; the
+# packages flock'ed): the two workers of a run build each graph and package once, and a later session loads them, as
+# a user's second start does. The tests of building itself give it folders of their own (tmp_path).
 from build_cache import kept_folder  # noqa: E402
 
-_COMPILED = kept_folder("test-compiled")
+_KERNELS = kept_folder("thin-kernels")
+os.symlink(_KERNELS, os.path.join(os.environ["SPECVIEW_CACHE_DIR"], "thin_kernels"))
+_COMPILED = kept_folder("compiled")
 for _name in ("inductor", "aot"):
     (_COMPILED / _name).mkdir(exist_ok=True)
     os.symlink(_COMPILED / _name, os.path.join(os.environ["SPECVIEW_CACHE_DIR"], _name))
@@ -156,6 +153,15 @@ def small_llama_pair(tiny_dir):
     """small_vocab_pair's Llama twin (vocab 8): the family the engine's own compiled forward runs."""
     t, d = tiny.save_noisy_pair(tiny_dir, "small-llama", "llama", 8, 10, scale=8.0, noise=0.3, noise_seed=3)
     return load_pair(t, d, torch.device("cpu"))
+
+
+@pytest.fixture
+def fast_vocab_pair(small_vocab_pair):
+    """small_vocab_pair on the engine's own eager forward for one test (laws.on_engine_forward): the law tests'."""
+    from laws import on_engine_forward
+
+    with on_engine_forward(*small_vocab_pair):
+        yield small_vocab_pair
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from build_cache import kept_folder
 from test_compiled import needs_compiler
 
 from specview.core import host
@@ -44,9 +45,11 @@ def run(target: str, cache: Path) -> tuple[subprocess.CompletedProcess, list[int
 
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory, small_llama_pair):
-    """A cache folder after one start: the kernel library and the packages built, the greedy tokens they give."""
+    """A cache folder after one start: the kernel library and the packages built, the greedy tokens they give. Kept
+    between the sessions of this machine (build_cache.py; the tests damage copies of it): a later session's start
+    loads what the first one built, as a user's second start does."""
     target = small_llama_pair[0].spec
-    cache = tmp_path_factory.mktemp("warm-cache")
+    cache = kept_folder("cache-faults-warm")
     done, tokens = run(target, cache)
     assert done.returncode == 0 and tokens, done.stderr[-3000:]
     return target, cache, tokens

@@ -31,8 +31,8 @@ pytestmark = pytest.mark.timeout(1200)
 
 
 def user_cache() -> Path:
-    """The cache folder of this file's sessions, kept between the test sessions of a checkout like the thin kernels' library
-    (conftest.py): what a user's cache holds after a first start (the AOT packages, the kernels each probe chose),
+    """The cache folder of this file's sessions, kept between the test sessions of the machine like the thin kernels'
+    library (build_cache.py): what a user's cache holds after a first start (the AOT packages, the kernels each probe chose),
     one folder per version of the forward's code (build_cache.kept_folder). A probe's choice of kernel changes what
     a package is built for, so the choices are kept with the packages: later sessions load, as a user's second
     start does. Each package's own name carries the digests of the files it was built from besides."""

@@ -60,8 +60,8 @@ def policy_counts(target, draft, cfg, policy, k=2, vocab=8, samples=SAMPLES):
     ("p-min=0.2", "temperature 1"), ("p-min=0.4", "temperature 0.7, top-k 3"),
     ("heuristic", "temperature 1"), ("goodput", "temperature 1"),
 ])
-def test_every_policy_keeps_the_target_law(small_vocab_pair, policy, cfg_name):
-    target, draft = small_vocab_pair
+def test_every_policy_keeps_the_target_law(fast_vocab_pair, policy, cfg_name):
+    target, draft = fast_vocab_pair
     cfg = CASES[cfg_name]
     exact = exact_joint(target, cfg, 8)
     counts, steps = policy_counts(target, draft, cfg, policy)
@@ -74,8 +74,8 @@ def test_every_policy_keeps_the_target_law(small_vocab_pair, policy, cfg_name):
     assert tv(counts, exact) < tv_threshold(exact), f"{policy}, {cfg_name}: output is not the target's law"
 
 
-def test_the_policy_law_test_has_power(small_vocab_pair, monkeypatch):
-    target, draft = small_vocab_pair
+def test_the_policy_law_test_has_power(fast_vocab_pair, monkeypatch):
+    target, draft = fast_vocab_pair
     cfg = CASES["temperature 1"]
     monkeypatch.setattr(accept_rule, "accept_test", lambda r, px, qx: torch.ones_like(r, dtype=torch.bool))
     exact = exact_joint(target, cfg, 8)
@@ -84,11 +84,11 @@ def test_the_policy_law_test_has_power(small_vocab_pair, monkeypatch):
 
 
 @pytest.mark.parametrize("policy", ["heuristic", "goodput"])
-def test_a_broken_residual_is_caught_under_each_policy(small_vocab_pair, policy, monkeypatch):
+def test_a_broken_residual_is_caught_under_each_policy(fast_vocab_pair, policy, monkeypatch):
     """The subtler bias (resampling from p, not max(0, p - q), after a rejection) under the policies that move the
     budget: each drafts enough for the same law test to see it (goodput on FIXED costs: on a host's own timings
     it drafted too little, and passed with the residual broken)."""
-    target, draft = small_vocab_pair
+    target, draft = fast_vocab_pair
     cfg = CASES["temperature 1"]
     monkeypatch.setattr(accept_rule, "residual_distribution", lambda p, q: p)
     exact = exact_joint(target, cfg, 8)

@@ -2,6 +2,7 @@
 enumeration, empirical counts through the real engine, the total-variation distance and its threshold calibrated
 by simulating draws from the exact law (a correct sampler fails with probability ~0.1%)."""
 
+import contextlib
 import itertools
 
 import numpy as np
@@ -94,3 +95,27 @@ def decoder_counts(decoder, vocab, prompt, samples=SAMPLES) -> tuple[np.ndarray,
         a, b, c = run.generated
         counts[(a * vocab + b) * vocab + c] += 1
     return counts, drafted, rejected
+
+
+@contextlib.contextmanager
+def on_engine_forward(*lms):
+    """These models on the engine's own eager forward (specview/cpu/forward: GPT-2's or the Llama family's): a law
+    test's thousands of runs at about a third of transformers' forward's cost. What a law test tests is the decision
+    (accept, residual, bonus, the drafter's q); each forward's logits are tested against transformers' elsewhere
+    (tests/cpu/test_compiled.py, tests/engine/test_trees.py), and test_lossless's first law test keeps transformers'."""
+    from specview.cpu import forward_choice
+    from specview.cpu.fast_path import CpuForward
+    from specview.cpu.forward import llama
+    from specview.models.stock_forward import StockForward
+
+    for lm in lms:
+        family, reason = forward_choice._family(lm.model)
+        assert reason is None, reason
+        llama.install(lm.model, compiled=False, family=family)
+        lm.forward = CpuForward(lm.model)
+    try:
+        yield
+    finally:
+        for lm in lms:
+            llama.uninstall(lm.model)
+            lm.forward = StockForward()
