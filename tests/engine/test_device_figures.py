@@ -137,7 +137,7 @@ def test_an_int4_draft_is_quantized_on_the_host_before_it_moves(monkeypatch, tin
     path = tiny.save(tiny.make_model("llama", 16, 4, width=64), tiny.make_tokenizer(16), tiny_dir / "int4-host")
     seen = {}
     monkeypatch.setattr(int4, "check_int4_supported", lambda *a, **kw: None)
-    monkeypatch.setattr(loader, "_int4_copy", lambda base, src, cache: seen.setdefault("at", base.device) and base)
+    monkeypatch.setattr(loader, "_int4_copy", lambda base, src, cache, say: seen.setdefault("at", base.device) and base)
     monkeypatch.setattr(int4, "to_device", lambda model, device: seen.setdefault("moved", device) and model,
                         raising=False)
     loader.load_model(path + "@int4", torch.device("meta"))

@@ -13,7 +13,16 @@ import contextlib
 import numpy as np
 import pytest
 import torch
-from laws import CASES, SAMPLES, drafter_counts, exact_joint, on_engine_forward, speculative_counts, tv, tv_threshold
+from laws import (
+    CASES,
+    SAMPLES,
+    drafter_counts,
+    exact_joint,
+    on_engine_forward,
+    speculative_counts,
+    tv,
+    tv_threshold,
+)
 
 from specview.core.settings import SamplingConfig
 from specview.drafters.ngram import NgramDrafter
