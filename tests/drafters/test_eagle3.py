@@ -280,3 +280,23 @@ def test_a_random_head_of_the_shipped_shape_drafts_for_the_bundled_target(tmp_pa
     expected, _ = generate(Decoder(target, None, greedy, k=4, ignore_eos=True), prompt, 16)
     got, steps = generate(Decoder(target, drafter, greedy, k=4, ignore_eos=True), prompt, 16)
     assert got == expected and sum(len(s.drafted) for s in steps) > 0
+
+
+@pytest.mark.timeout(900)
+def test_the_shipped_head_loads_for_the_bundled_target_and_keeps_greedy_output():
+    """`--draft eagle3` alone: the head `make train-head` wrote into specview/data (package data, in vLLM's format,
+    under 10 MB) loads for the bundled target, its drafts are accepted, and greedy output is the target's own."""
+    import json
+    import os
+
+    path = eagle3.shipped_head("smollm2-135m")
+    config = json.loads(open(os.path.join(path, "config.json")).read())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
+    assert sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) < 10e6
+    target = load_model("smollm2-135m", torch.device("cpu"))
+    drafter = eagle3.build("eagle3", target)
+    greedy = SamplingConfig(temperature=0.0)
+    prompt = target.tokenizer("The history of the printing press")["input_ids"]
+    expected, _ = generate(Decoder(target, None, greedy, k=4, ignore_eos=True), prompt, 24)
+    got, steps = generate(Decoder(target, drafter, greedy, k=4, ignore_eos=True), prompt, 24)
+    assert got == expected and sum(s.accepted for s in steps) > 0
