@@ -173,3 +173,26 @@ def test_results_add_refuses_a_run_under_load_and_says_why(tmp_path, capsys):
     bench["meta"]["load_avg"] = {"start": [0.4, 0.3, 0.2], "end": [1.0, 0.6, 0.3]}  # bench's own thread: quiet
     path.write_text(json.dumps(bench), encoding="utf-8")
     assert results.main(argv) == 0
+
+
+def test_results_add_judges_a_run_by_its_own_load_record_where_it_has_one(tmp_path, capsys):
+    """A bench file with `load` (the cores other processes kept busy, read during the run) is judged by it, not by a
+    load average that lags behind work that ended just before the run: quiet throughout is added, a busy phase is
+    refused with one line naming it."""
+    quiet = {"cores": 2, "threads": 1, "others_cores": 0.02, "quiet": True}
+    bench = {"schema": "specview.bench/1", "meta": {"cpu": "Some CPU (x)", "cpu_flags": ["avx2"], "threads": 1,
+                                                     "load_avg": {"start": [1.2, 1.8, 1.9], "end": [1.0, 1.2, 1.6]}},
+             "config": {"target": "t", "draft": "d", "k": 4, "max_new_tokens": 8, "temperature": 0, "num_runs": 1},
+             "methods": {"autoregressive": {"tokens_per_s": 1.0}},
+             "load": {"before": quiet, "during": quiet, "after": quiet, "exceeded_free_cores": False}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench), encoding="utf-8")
+    argv = ["--root", str(tmp_path), "add", str(path), "--name", "m"]
+    assert results.main(argv) == 0  # the load average of 1.2 at its start was the work before it, winding down
+    bench["load"]["during"] = {**quiet, "others_cores": 1.1, "quiet": False}
+    bench["load"]["exceeded_free_cores"] = True
+    path.write_text(json.dumps(bench), encoding="utf-8")
+    capsys.readouterr()
+    assert results.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "kept 1.1 of its 2 cores busy during the run" in err and len(err.strip().splitlines()) == 1

@@ -59,8 +59,21 @@ def distill(bench: dict, name: str, cores: int | None = None) -> dict:
 
 
 def load_problem(bench: dict) -> str | None:
-    """Why a bench run's figures are not the machine's: a 1-minute load average, at its start or its end, above the
-    threads it used means other work shared its cores (bench itself adds about its threads). None when quiet."""
+    """Why a bench run's figures are not the machine's. A bench file with its own `load` (core/load.py: the cores
+    other processes kept busy before, during and after the run, read from /proc/stat) is judged by it: a phase not
+    quiet means other work shared the cores. An older file has only the 1-minute load average, at its start or its
+    end: above the threads it used is taken as shared (it lags, and counts bench itself: a run right after other work
+    ended is refused by it, not by `load`). None when quiet."""
+    measured = bench.get("load") or {}
+    phases = {when: measured.get(when) for when in ("before", "during", "after") if isinstance(measured.get(when), dict)}
+    if phases:
+        busy = {when: phase for when, phase in phases.items() if not phase.get("quiet", True)}
+        if not busy and not measured.get("exceeded_free_cores"):
+            return None
+        when, phase = next(iter(busy.items())) if busy else ("during", phases.get("during", {}))
+        return (f"other processes kept {phase.get('others_cores', 0):.1f} of its {phase.get('cores', '?')} cores busy "
+                f"{when} the run (bench's `load`): its tokens/s are not this machine's. Measure again on a quiet "
+                f"machine, or add it anyway with --allow-load")
     meta = bench.get("meta") or {}
     threads = meta.get("threads")
     said = {when: ((meta.get("load_avg") or {}).get(when) or [None])[0] for when in ("start", "end")}
