@@ -37,6 +37,7 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from specview.core.errors import SpecviewError
+from specview.core.progress import in_tenths
 
 # The version of what quantize, split_halves and pack_codes produce: the int4 copy's disk cache (models._int4_copy)
 # keys its entries with it. Bump it with any change to those three, to _refit or to head_importance (its text: rows,
@@ -386,10 +387,7 @@ def int4_copy(model: nn.Module, group_size: int = GROUP_SIZE, head: bool = False
     output = int4.get_output_embeddings()
     # Only the head gets an importance: a layer matrix's min/max codes are the GGUF's own (`@int4` keeps them).
     importance = head_importance(model, context=context) if head and stored is None else None
-    tenth = max(1, len(names) // 10)
-    for i, name in enumerate(names):
-        if i and i % tenth == 0:
-            say(f"int4 copy: {100 * i // len(names)}% of {len(names)} matrices")
+    for name in in_tenths(names, say, "int4 copy", "matrices"):
         parent_name, _, child = name.rpartition(".")
         is_head = int4.get_submodule(name) is output
         setattr(int4.get_submodule(parent_name), child,

@@ -296,15 +296,9 @@ def _gguf_progress(what: str, say: Callable[[str], None]) -> None:
     of 273 tensors"): the longest wait of a first start, shown moving."""
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
 
-    def counted(iterable, *args, **kwargs):
-        items = list(iterable)
-        tenth = max(1, len(items) // 10)
-        for i, item in enumerate(items):
-            if i and i % tenth == 0:
-                say(f"{what}: {100 * i // len(items)}% of {len(items)} tensors")
-            yield item
+    from specview.core.progress import in_tenths
 
-    gguf_utils.tqdm = counted
+    gguf_utils.tqdm = lambda iterable, *args, **kwargs: in_tenths(iterable, say, what, "tensors")
 
 
 def load_model(spec: str, device: torch.device, loaded: dict | None = None, *, cache: bool = True,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from laws import CASES, N_TOKENS, exact_joint, tv, tv_threshold
+from laws import CASES, N_TOKENS, exact_joint, on_engine_forward, tv, tv_threshold
 
 from specview.core.draft_spec import parse_draft, parse_drafts
 from specview.core.errors import SpecviewError
@@ -210,13 +210,8 @@ LAW_SAMPLES = 1200  # 40% of test_lossless's: these run a tree drafter's extra f
 def fast_pair(small_llama_pair):
     """The vocabulary-8 Llama pair on the engine's own eager forward: the law tests' thousands of runs cost a
     third of transformers' forward (what they test is the decision, the forward is tested above)."""
-    for lm in small_llama_pair:
-        llama.install(lm.model, compiled=False)
-        lm.forward = CpuForward(lm.model)
-    yield small_llama_pair
-    for lm in small_llama_pair:
-        llama.uninstall(lm.model)
-        lm.forward = StockForward()
+    with on_engine_forward(*small_llama_pair):
+        yield small_llama_pair
 
 
 def tree_counts(target, drafter, cfg, prompt, samples=LAW_SAMPLES):
