@@ -4,9 +4,9 @@ import subprocess
 import sys
 
 HEADLESS = ["specview.engine.decoder", "specview.engine.sampling", "specview.models.loader", "specview.core.events", "specview.session",
-            "specview.cli.run", "specview.cli.main", "specview.profiling.recorder", "specview.cli.report", "specview.bench.command",
+            "specview.cli.run", "specview.cli.main", "specview.profiling.recorder", "specview.cli.report", "specview.cli.bench",
             "specview.analysis.check", "specview.analysis.diagnosis", "specview.backend.engine_stream", "specview.backend.in_process",
-            "specview.serve.command", "specview.tools.measure_serve", "specview.core.file_schemas"]
+            "specview.cli.serve", "specview.tools.measure_serve", "specview.core.file_schemas"]
 
 
 def test_headless_modules_do_not_import_textual():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import run_cli
-from specview.bench.command import run_rounds
+from specview.bench.harness import run_rounds
 from specview.bench.methods import HFMethod, generation_config, make_methods, no_eos
 from specview.bench.metrics import predict, recommend, same_tokens, speculative_metrics, sweep_inputs
 from specview.bench.options import BENCH_DEFAULTS, build_bench_parser, parse_sweep

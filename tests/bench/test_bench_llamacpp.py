@@ -12,7 +12,7 @@ import torch
 
 from helpers import run_cli
 from specview.bench import llamacpp
-from specview.bench.command import planned_ks
+from specview.bench.harness import planned_ks
 from specview.bench.options import build_bench_parser
 from specview.core.settings import Settings
 from specview.core.stopping import Stop

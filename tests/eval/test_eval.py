@@ -356,7 +356,7 @@ def no_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("models loaded before the input was checked")
 
-    monkeypatch.setattr("specview.eval.command.open_session", refuse)
+    monkeypatch.setattr("specview.session.open_session", refuse)
 
 
 def _one_line_error(code, err, *needles):

@@ -223,7 +223,7 @@ def test_a_damaged_resume_file_exits_2_and_is_not_written(documents, tmp_path, m
     def refuse(*args, **kwargs):
         raise AssertionError("models loaded before the resume file was checked")
 
-    monkeypatch.setattr("specview.eval.command.open_session", refuse)
+    monkeypatch.setattr("specview.session.open_session", refuse)
     doc, argv = documents
     bad = json.loads(json.dumps(doc["eval"]))
     bad["results"][0]["tokens"] = "many"
@@ -244,7 +244,7 @@ def test_a_number_past_a_float_in_a_resume_file_exits_2_before_the_models_load(d
     def refuse(*args, **kwargs):
         raise AssertionError("models loaded for a resume file the eval cannot use")
 
-    monkeypatch.setattr("specview.eval.command.open_session", refuse)
+    monkeypatch.setattr("specview.session.open_session", refuse)
     doc, argv = documents
     bad = json.loads(json.dumps(doc["eval"]))
     parent = bad

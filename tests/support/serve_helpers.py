@@ -12,7 +12,7 @@ import httpx
 from specview.core.settings import Settings
 from specview.serve import loading
 from specview.serve.client import iter_sse
-from specview.serve.command import Served, listen
+from specview.serve.server import Served, listen
 
 TIMEOUT = 60.0  # generous: the machine is shared; nothing waits this long when things work
 

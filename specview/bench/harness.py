@@ -1,4 +1,5 @@
-"""`specview bench`: is speculative decoding worth it for this pair, and how far from its best is it?
+"""The machinery of `specview bench` (its command is cli/bench.py): is speculative decoding worth it for this pair,
+and how far from its best is it?
 
 Methods on the same prompt, N and settings, each warmed up once, then timed in interleaved rounds
 (A B C A B C ...) so machine drift hits all alike: autoregressive (target alone), speculative,
@@ -14,7 +15,6 @@ import json
 import os
 import time
 
-import torch
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -25,7 +25,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from specview.bench.methods import drafting, make_methods, variant_name
+from specview.bench.methods import drafting, variant_name
 from specview.bench.metrics import (
     method_stats,
     predict,
@@ -36,86 +36,13 @@ from specview.bench.metrics import (
     sweep_inputs,
 )
 from specview.bench.schema import BENCH_SCHEMA, METHOD_ORDER, PEER_METHODS, peer_names
-from specview.bench.tables import ordered, render
-from specview.core import load
+from specview.bench.tables import ordered
 from specview.core.errors import SpecviewError
 from specview.core.files import write_json_atomic
 from specview.core.policies import parse_policies
-from specview.core.settings import Settings
-from specview.core.stopping import Stop, Stopped, run_stoppable
-from specview.session import memory_line, open_session
+from specview.core.stopping import Stop, Stopped
 
 PEER_SAY_S = 30.0
-
-
-def bench_command(args) -> int:
-    return run_stoppable(_bench, args)
-
-
-def _bench(args, stop: Stop) -> int:
-    settings = Settings.from_args(args)
-    ks = sorted(set(args.sweep_k or []) | {settings.k})
-    stdout, stderr = Console(highlight=False), Console(stderr=True, highlight=False)
-    if not stdout.is_terminal:
-        stdout.width = max(stdout.width, 132)  # a file or pipe gets the whole table, not 80 columns
-    load_start = os.getloadavg()
-    records: dict[tuple[str, int | None], list] = {}
-    with bench_progress(stderr) as progress:
-        loading = progress.add_task("loading models", total=2)
-
-        def on_progress(msg: str) -> None:
-            if "draft" in msg:
-                progress.update(loading, completed=1)
-            progress.update(loading, description=msg)
-
-        with stop.immediately():  # nothing measured yet: a signal interrupts the load at once
-            session = open_session(settings, on_progress)
-        progress.update(loading, completed=2, description="models loaded")
-        torch.manual_seed(settings.seed)  # the peers sample from torch's global generator
-        generator = torch.Generator(device=session.device).manual_seed(settings.seed)
-        skipped: dict[str, str] = {}
-        methods = make_methods(session, args.peer, generator, stop, skipped, peer_progress(progress, stderr))
-        try:
-            for name, why in skipped.items():  # an optional peer that cannot run here: one line, then go on
-                stderr.print(f"peer {name} skipped: {why}", soft_wrap=True, markup=False, highlight=False)
-            plan = [(name, k) for name, method in methods.items() for k in planned_ks(name, method, ks, settings.k)]
-            task = progress.add_task("warm-up", total=len(plan) * (1 + args.num_runs))
-
-            def on_run(label: str | None) -> None:  # a label before each run, None after it
-                if label is None:
-                    progress.advance(task)
-                else:
-                    progress.update(task, description=label)
-
-            threads = torch.get_num_threads()
-            loads = {"before": load.sample_now(threads)}  # the runs' load: others' busy cores (core/load.py)
-            with load.watch(threads) as during:
-                interrupted = run_rounds(methods, plan, args.num_runs, records, on_run, stop)
-            loads.update(during=during.load, after=load.sample_now(threads))
-        finally:  # the peers' servers (llama-server) stop with bench, whatever ends it
-            for method in methods.values():
-                if hasattr(method, "close"):
-                    method.close()
-    complete = min((len(v) for v in records.values()), default=0)
-    if complete == 0 or len(records) < len(plan):
-        raise KeyboardInterrupt  # not one whole round: nothing to report
-    records = {key: runs[:complete] for key, runs in records.items()}  # whole rounds only
-    peer_info = {name: m.info for name, m in methods.items() if hasattr(m, "info")}
-    doc = build_doc(session, args, ks, records, load_start, peer_info, skipped)
-    doc["load"] = {**loads, "exceeded_free_cores": not loads["during"]["quiet"]}
-    if interrupted:
-        doc["interrupted_after_rounds"] = complete
-    stdout.print(render(doc))
-    stderr.print(memory_line(doc["memory"]), soft_wrap=True, highlight=False)
-    if args.json:
-        _write(args.json, doc, "--json")
-        stderr.print(f"bench results written: {args.json}", soft_wrap=True)
-    if not args.no_profile:
-        profile, path = write_profile_files(session, args.profile_dir or settings.profile_dir,
-                                            records[("speculative", settings.k)], doc)
-        stderr.print(f"profile written: {profile}", soft_wrap=True)
-        stderr.print(f"bench file written: {path}  (show it with `specview report {path}`)", soft_wrap=True)
-    return 130 if interrupted else 0
 
 
 def planned_ks(name: str, method, ks: list[int], main_k: int) -> list:
@@ -376,11 +303,11 @@ def write_profile_files(session, folder: str, timed_speculative: list, doc: dict
             recorder.add_step(step)
     profile = recorder.save([record.summary for record in timed_speculative])
     path = recorder.stem + ".bench.json"
-    _write(path, doc, "--profile-dir")
+    write_doc(path, doc, "--profile-dir")
     return profile, path
 
 
-def _write(path: str, doc: dict, option: str) -> None:
+def write_doc(path: str, doc: dict, option: str) -> None:
     try:
         write_json_atomic(path, doc, indent=1)
     except OSError as err:

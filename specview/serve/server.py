@@ -1,5 +1,5 @@
-"""`specview serve`: listen at once, load the pair on a thread meanwhile (loading.py), then serve it over HTTP
-until SIGINT/SIGTERM.
+"""The server of `specview serve` (its command is cli/serve.py): listen at once, load the pair on a thread meanwhile
+(loading.py), then serve it over HTTP until SIGINT/SIGTERM.
 
 Signals: uvicorn installs handlers of its own and, after a graceful stop, raises the signal again, so a
 SIGTERM would end the process by the signal's default action. `Served` keeps stopping in one place
@@ -22,9 +22,8 @@ import traceback
 import uvicorn
 
 from specview.core.errors import SpecviewError
-from specview.core.files import ensure_writable_dir
 from specview.core.settings import Settings
-from specview.core.stopping import SIGNALS, Stop
+from specview.core.stopping import Stop
 from specview.serve import loading
 from specview.serve.app import create_app
 from specview.serve.event_fanout import EventFanout
@@ -120,7 +119,7 @@ class Served:
 
     def _progress(self, line: str) -> None:
         self.state.loading = line
-        _say(line)
+        say(line)
 
     def _on_loop(self, callback, *args) -> None:
         try:
@@ -136,13 +135,13 @@ class Served:
         self.state.ready(worker, info)
         self.settled.set_result(None)
         drafters = ", ".join(info["drafters"]) or "no drafter"
-        _say(f"specview serve: ready: {info['target']} with {drafters} on {self.url} (ctrl+c stops)")
+        say(f"specview serve: ready: {info['target']} with {drafters} on {self.url} (ctrl+c stops)")
 
     def _failed(self, message: str) -> None:
         self.state.failed(message)
         self.settled.set_result(None)
-        _say(f"specview serve: error: the models failed to load: {message}")
-        _say(f"specview serve: still answering at {self.url} so that GET /health says why (ctrl+c stops)")
+        say(f"specview serve: error: the models failed to load: {message}")
+        say(f"specview serve: still answering at {self.url} so that GET /health says why (ctrl+c stops)")
 
     def _request_stop(self, reason: str) -> None:
         if self.worker is not None:
@@ -155,18 +154,18 @@ class Served:
     def _on_signal(self, sig) -> None:
         if self.stop:  # the user insists: stop at once
             self.server.force_exit = True
-            _say("specview serve: stopped at once")
+            say("specview serve: stopped at once")
             os._exit(130)
         loaded = self.worker is not None
         self._request_stop(sig.name)  # first: saying so may fail (stderr piped to a reader gone with ^C)
-        _say(f"specview serve: {sig.name}: " + ("finishing the step in flight" if loaded else "stopping"))
+        say(f"specview serve: {sig.name}: " + ("finishing the step in flight" if loaded else "stopping"))
 
     def stop_threadsafe(self) -> None:
         """From another thread (tests): as a signal would."""
         self.loop.call_soon_threadsafe(self._request_stop, "requested")
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     try:
         print(line, file=sys.stderr, flush=True)
     except OSError:
@@ -183,27 +182,3 @@ def listen(host: str, port: int) -> socket.socket:
     except OSError as err:
         raise SpecviewError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
     return sock
-
-
-def serve_command(args) -> int:
-    settings = Settings.from_args(args)
-    profile_dir = args.profile_dir or settings.profile_dir
-    ensure_writable_dir(profile_dir, "--profile-dir")
-    sock = listen(args.host, args.port)
-    stop = Stop()
-    with stop.on_signals():
-        served = Served(settings, sock, token=args.token, queue_size=args.queue, cap=args.max_new_tokens_cap,
-                        max_body=args.max_body, profile_dir=profile_dir, stop=stop,
-                        profile_max_steps=args.profile_max_steps or None)
-        sock.listen(128)
-        _say(f"specview serve: listening at {served.url} while the models load (GET /health; ctrl+c stops)")
-        asyncio.run(served.serve(signals=SIGNALS))
-    worker = served.worker
-    if worker is None:  # the load failed (said on stderr), or a signal stopped the server first
-        return 2 if served.state.status == "error" else 130
-    if worker.profile_path:
-        _say(f"profile written: {worker.profile_path}")
-    if worker.profile_error:
-        _say(f"specview serve: error: {worker.profile_error}")
-        return 2
-    return 0
