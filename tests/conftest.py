@@ -62,7 +62,7 @@ SPREAD = {"test_lossless.py", "test_policies.py", "test_compiled.py", "test_tree
 # the other has nothing left. Where a test or a file is not long, its builds are (AOT packages, inductor, kernels).
 LONGEST_FIRST = (
     "tests/engine/test_law_default_path.py",  # builds the default path's AOT packages, then samples the law
-    "tests/cpu/test_thin_kernels.py",  # compiled forwards on the kernels, a library built again
+    "tests/cpu/test_thin_kernels.py",  # compiled forwards on the kernels
     "tests/cpu/test_cache_faults.py",  # a warm cache of its own built, broken and run again in real processes
     "tests/cpu/test_compiled.py::test_ahead_of_time_packages",
     "tests/engine/test_trees.py::test_one_forward_over_the_tree_gives_each_path_its_logits",
@@ -82,7 +82,6 @@ SLOW = ("tests/engine/test_lossless.py", "tests/engine/test_policies.py", "tests
         "tests/engine/test_law_default_path.py", "tests/engine/test_device_rules.py", "tests/cpu/test_compiled.py",
         "tests/cpu/test_background_build.py", "tests/cpu/test_cache_faults.py", "tests/analysis/test_check.py",
         "tests/fuzz/",
-        "tests/cpu/test_thin_kernels.py::test_a_damaged_library_is_built_again",
         "tests/cpu/test_thin_kernels.py::test_the_paths_other_cpus_take_compute_the_same_products",
         "tests/models/test_bundled.py", "tests/drafters/test_drafters.py::test_an_int4_target_drafts_with_ngram",
         "tests/eval/test_eval.py::test_a_real_sigint", "tests/cli/test_cli.py::test_real_signal_mid_run",

@@ -79,10 +79,14 @@ def check_recovers(warm, cache: Path, what: str) -> None:
 @needs_compiler
 @needs_thin_build
 def test_a_kernel_library_cut_to_half_is_built_again(warm, tmp_path):
+    """The one test of a library built again (a disk that filled up, a copy interrupted): end to end, in real
+    starts."""
     cache = damaged_copy(warm, tmp_path)
     [library] = (cache / "thin_kernels").glob("specview_thin_*.so")
     os.truncate(library, library.stat().st_size // 2)
     check_recovers(warm, cache, "thin-kernel library")
+    assert library.stat().st_size > 10_000  # built again, in place
+    assert not [p for p in library.parent.iterdir() if p.name.startswith("build-")]  # its scratch folder gone
 
 
 @needs_compiler

@@ -7,7 +7,8 @@ before (CI's every run) loads them instead of spending most of its time building
 from specview/cpu's code, so there is one folder per version of that code on this torch and this CPU (a digest of
 all three); the most recently used few are kept. The first session after an edit of specview/cpu builds them again:
 `make test-cold` runs the suite on an empty folder, as a machine's first run does. The tests of building itself
-(test_thin_kernels, test_cache_faults, test_build_faults) build into folders of their own."""
+(test_thin_kernels, test_cache_faults, test_build_faults) build into folders of their own, except test_compiled's
+AOT packages test: it checks its packages were built where its kept folder was empty, and loaded where it was not."""
 
 import hashlib
 import os
