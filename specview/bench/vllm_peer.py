@@ -102,8 +102,7 @@ def head_folder(session, method: str) -> str | None:
     for drafter in session.drafters:
         spec = getattr(drafter, "spec", "")
         if method == "eagle3" and spec.startswith("eagle"):  # `--draft eagle3:HEAD_FOLDER` (issue eagle)
-            folder = getattr(drafter, "head_path", None) or getattr(drafter, "path", None) or spec.partition(":")[2]
-            return str(folder) if folder else None
+            return drafter.head_path  # the folder it was loaded from: eagle3:PATH's, or the one shipped
     if method == "draft" and session.draft is not None:
         return vllm_server.model_folder(session.draft.spec.partition("@")[0])
     return None

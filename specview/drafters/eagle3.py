@@ -64,9 +64,10 @@ class HeadState:
 
 
 class Eagle3Drafter:
-    def __init__(self, spec: str, head, target):
+    def __init__(self, spec: str, head, target, head_path: str | None = None):
         self.spec = spec
         self.head = head  # an Eagle3Head
+        self.head_path = head_path  # its checkpoint folder (a peer that serves the same head loads it from there)
         self.target = target  # the LoadedModel whose states it reads
         self.target_layers = tuple(head.cfg.aux_layers)
         self.lm = None  # no draft model: nothing for the engine to compile, move or hook
@@ -260,4 +261,4 @@ def build(spec: str, target) -> Eagle3Drafter:
     path = os.path.expanduser(path) if path else shipped_head(target.spec)
     dtype = target.dtype if target.dtype.is_floating_point else torch.float32
     head = load_head(path, target.model, dtype=dtype).to(target.device)
-    return Eagle3Drafter(spec, head, target)
+    return Eagle3Drafter(spec, head, target, head_path=path)

@@ -166,3 +166,15 @@ def test_eagle3_without_a_head_is_skipped_with_its_reason(tmp_path, fake_venv, t
     assert vllm_methods(session, None, "vllm:eagle3", skipped) == {}
     assert "needs an EAGLE-3 head among --draft" in skipped["vllm"]
     assert started(fake_venv.pids) == []  # nothing was started
+
+
+def test_eagle3_serves_the_folder_the_head_was_loaded_from(tmp_path):
+    """`--draft eagle3` alone loads the head shipped for the target: vLLM gets that folder, not the spec's text."""
+    from specview.bench.vllm_peer import head_folder
+    from specview.drafters.eagle3 import Eagle3Drafter
+
+    head = SimpleNamespace(cfg=SimpleNamespace(aux_layers=(0, 1, 2)))
+    shipped = Eagle3Drafter("eagle3", head, None, head_path=str(tmp_path / "shipped"))
+    session = SimpleNamespace(drafters=[shipped], draft=None)
+    assert head_folder(session, "eagle3") == str(tmp_path / "shipped")
+    assert head_folder(SimpleNamespace(drafters=[], draft=None), "eagle3") is None

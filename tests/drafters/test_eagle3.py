@@ -295,6 +295,7 @@ def test_the_shipped_head_loads_for_the_bundled_target_and_keeps_greedy_output()
     assert sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) < 10e6
     target = load_model("smollm2-135m", torch.device("cpu"))
     drafter = eagle3.build("eagle3", target)
+    assert drafter.head_path == path  # what `bench --peer vllm:eagle3` serves: the same head
     greedy = SamplingConfig(temperature=0.0)
     prompt = target.tokenizer("The history of the printing press")["input_ids"]
     expected, _ = generate(Decoder(target, None, greedy, k=4, ignore_eos=True), prompt, 24)
