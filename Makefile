@@ -31,7 +31,7 @@ run: install
 # fails the run.
 XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 test: install
-	SPECVIEW_SKIP_GATE=1 $(PY) -m pytest -q $(XDIST) --durations=15 tests
+	SPECVIEW_SKIP_GATE=1 $(PY) -m pytest -q $(XDIST) --durations=40 tests
 
 # make test as a machine's first run: the builds tests/support/build_cache.py keeps between sessions (the compiled
 # forwards, the kernel library) made again in an empty folder, then removed.
@@ -72,10 +72,11 @@ stress: install
 # The EAGLE-3 head shipped for the bundled model (specview/data/eagle3-smollm2-135m, docs/guide/drafters-and-trees.md):
 # the target writes its own text, then the head learns it (EAGLE-3's training-time test), seeded, niced, on two
 # threads (niced: a neighbour's work goes first).
-# The generated text is kept in build/ as it comes: a stopped run starts again where it was.
+# The generated text is kept in build/ as it comes: a stopped run starts again where it was. The file is named by the
+# version of the prompts (specview/tools/eagle3_data.py): text written from other prompts is not reused.
 train-head: install
 	mkdir -p build
-	nice -n 10 $(PY) -m specview.tools.train_eagle3_head --threads 2 --data build/eagle3-train-data.pt $(ARGS)
+	nice -n 10 $(PY) -m specview.tools.train_eagle3_head --threads 2 --data build/eagle3-data-v2.pt $(ARGS)
 
 bench: install
 	.venv/bin/specview bench --peer hf --temperature 0 -N 48 --draft smollm2-135m@int4,ngram,smollm2-135m@bfloat16 $(ARGS)
