@@ -226,24 +226,36 @@ def generate(model, tokenizer, items, new_tokens: int, seed: int, batch: int = 6
 
 
 @torch.inference_mode()
-def hidden_states(model, texts: list[dict], aux_layers, say=print) -> list[dict]:
+def hidden_states(model, texts: list[dict], aux_layers, say=print, batch_tokens: int = 8192) -> list[dict]:
     """Per text: aux [T, 3H] float16 (the inputs of the aux layers), final [T, H] float16 (the final norm's output),
-    argmax [T] (of the full logits at each position), by one forward of the target over the text."""
+    argmax [T] (of the full logits at each position), by the target's forward over the texts, several at once (texts
+    of similar length together, padded on the right: a causal forward's rows never see the padding after them)."""
     layers = model.model.layers
     captured: dict = {}
     hooks = [layers[i].register_forward_pre_hook(_grab(captured, i), with_kwargs=True) for i in aux_layers]
     hooks.append(model.model.norm.register_forward_hook(lambda module, args, output: captured.__setitem__("final",
                                                                                                          output)))
-    t0 = time.perf_counter()
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]["ids"]))
+    groups, group = [], []
+    for i in order:
+        if group and (len(group) + 1) * len(texts[i]["ids"]) > batch_tokens:
+            groups.append(group)
+            group = []
+        group.append(i)
+    groups += [group] if group else []
+    t0, finished = time.perf_counter(), 0
     try:
-        for n, text in enumerate(texts):
-            ids = torch.tensor([text["ids"]])
-            logits = model(input_ids=ids).logits[0]
-            text["aux"] = torch.cat([captured[i][0] for i in aux_layers], dim=-1).half()
-            text["final"] = captured["final"][0].half()
-            text["argmax"] = logits.argmax(-1)
-            if (n + 1) % 50 == 0 or n + 1 == len(texts):
-                say(f"  hidden states of {n + 1}/{len(texts)} texts, {time.perf_counter() - t0:.0f} s")
+        for group in groups:
+            width = max(len(texts[i]["ids"]) for i in group)
+            ids = torch.tensor([texts[i]["ids"] + [0] * (width - len(texts[i]["ids"])) for i in group])
+            logits = model(input_ids=ids).logits
+            for row, i in enumerate(group):
+                n = len(texts[i]["ids"])
+                texts[i]["aux"] = torch.cat([captured[a][row, :n] for a in aux_layers], dim=-1).half()
+                texts[i]["final"] = captured["final"][row, :n].half()
+                texts[i]["argmax"] = logits[row, :n].argmax(-1)
+            finished += len(group)
+            say(f"  hidden states of {finished}/{len(texts)} texts, {time.perf_counter() - t0:.0f} s")
     finally:
         for hook in hooks:
             hook.remove()
