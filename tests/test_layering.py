@@ -6,7 +6,8 @@ import sys
 HEADLESS = ["specview.engine.decoder", "specview.engine.sampling", "specview.models.loader", "specview.core.events", "specview.session",
             "specview.cli.run", "specview.cli.main", "specview.profiling.recorder", "specview.cli.report", "specview.cli.bench",
             "specview.analysis.check", "specview.analysis.diagnosis", "specview.backend.engine_stream", "specview.backend.in_process",
-            "specview.cli.serve", "specview.tools.measure_serve", "specview.core.file_schemas"]
+            "specview.cli.serve", "specview.tools.measure_serve", "specview.core.file_schemas", "specview.bench.harness",
+            "specview.eval.harness", "specview.serve.server"]
 
 
 def test_headless_modules_do_not_import_textual():

@@ -100,9 +100,9 @@ def head_folder(session, method: str) -> str | None:
     """The model vLLM drafts with: eagle3, the EAGLE-3 head among --draft (its folder); draft, the draft model's
     folder (a GGUF draft's converted folder). None when --draft has none."""
     for drafter in session.drafters:
-        spec = getattr(drafter, "spec", "")
-        if method == "eagle3" and spec.startswith("eagle"):  # `--draft eagle3:HEAD_FOLDER` (issue eagle)
-            return drafter.head_path  # the folder it was loaded from: eagle3:PATH's, or the one shipped
+        head = getattr(drafter, "base", drafter)  # a tree drafts with the head it wraps (`eagle3;tree:...`)
+        if method == "eagle3" and getattr(head, "head_path", None):  # `--draft eagle3[:PATH]` (issue eagle)
+            return head.head_path  # the folder it was loaded from: eagle3:PATH's, or the one shipped
     if method == "draft" and session.draft is not None:
         return vllm_server.model_folder(session.draft.spec.partition("@")[0])
     return None

@@ -100,7 +100,6 @@ def _eval(args, stop: Stop) -> int:
     return 130 if interrupted or stop else 0
 
 
-
 def show(doc: dict, out: str, args, stdout: Console, stderr: Console) -> None:
     from specview.eval.tables import render
 

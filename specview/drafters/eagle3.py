@@ -73,10 +73,6 @@ class Eagle3Drafter:
         self.lm = None  # no draft model: nothing for the engine to compile, move or hook
         self.tree_feeder = _TreeFeeder(self)
 
-    @property
-    def path(self) -> str:
-        return self.spec.partition(":")[2]
-
     def new_state(self) -> HeadState:
         return HeadState(self.head.new_cache())
 

@@ -248,12 +248,14 @@ def hidden_states(model, texts: list[dict], aux_layers, say=print, batch_tokens:
         for group in groups:
             width = max(len(texts[i]["ids"]) for i in group)
             ids = torch.tensor([texts[i]["ids"] + [0] * (width - len(texts[i]["ids"])) for i in group])
-            logits = model(input_ids=ids).logits
+            final = model.model(input_ids=ids).last_hidden_state  # the logits of a few rows at a time, below
+            rows = final.reshape(-1, final.shape[-1]).split(2048)
+            argmax = torch.cat([model.get_output_embeddings()(r).argmax(-1) for r in rows]).view(final.shape[:2])
             for row, i in enumerate(group):
                 n = len(texts[i]["ids"])
                 texts[i]["aux"] = torch.cat([captured[a][row, :n] for a in aux_layers], dim=-1).half()
                 texts[i]["final"] = captured["final"][row, :n].half()
-                texts[i]["argmax"] = logits[row, :n].argmax(-1)
+                texts[i]["argmax"] = argmax[row, :n]
             finished += len(group)
             say(f"  hidden states of {finished}/{len(texts)} texts, {time.perf_counter() - t0:.0f} s")
     finally:

@@ -181,7 +181,7 @@ def positions(values) -> str:
 
 def acceptance_beside_peers(doc: dict) -> list[str]:
     """Where a peer engine drafted too (`--peer vllm:eagle3`, ...): its acceptance from its own counters beside ours,
-    the same prompt ids and N, per position (accepted at position i / verification steps)."""
+    the same prompt ids and N, per position (each engine's own definition: docs/guide/engines.md)."""
     peers = doc.get("peer_acceptance") or {}
     if not peers:
         return []

@@ -177,4 +177,8 @@ def test_eagle3_serves_the_folder_the_head_was_loaded_from(tmp_path):
     shipped = Eagle3Drafter("eagle3", head, None, head_path=str(tmp_path / "shipped"))
     session = SimpleNamespace(drafters=[shipped], draft=None)
     assert head_folder(session, "eagle3") == str(tmp_path / "shipped")
+    tree = SimpleNamespace(spec="eagle3;tree:b=2,d=3", base=shipped)  # a tree drafts with the head it wraps
+    assert head_folder(SimpleNamespace(drafters=[tree], draft=None), "eagle3") == str(tmp_path / "shipped")
+    named_eagle = SimpleNamespace(spec="eagle-7b", lm=object())  # a draft model whose name starts with eagle: no head
+    assert head_folder(SimpleNamespace(drafters=[named_eagle], draft=None), "eagle3") is None
     assert head_folder(SimpleNamespace(drafters=[], draft=None), "eagle3") is None

@@ -258,11 +258,10 @@ def test_ahead_of_time_packages_compute_the_same_and_a_second_model_loads_them(s
     2), then loaded from the package cache by the next runner, with the same numbers.
 
     The packages are kept between this machine's sessions (build_cache.py): the first session of a version of the
-    forward's code builds them, and checks they were built; a later one loads them, and checks the same numbers. A
-    second runner always loads what the first left."""
+    forward's code builds them (or loads what another session built meanwhile: the packages are locked), a later one
+    loads them, and both check the numbers. A second runner always loads what the first left."""
     target, _ = small_llama_pair
     packages = kept_folder("aot-packages-test")
-    cold = not any(packages.glob("*.pt2"))
     monkeypatch.setenv("SPECVIEW_AOT", "1")
     monkeypatch.setattr(aot_compile, "aot_dir", lambda: str(packages))  # none built by another test of this model
     first = llama.FastForward(target.model, compiled=True, gemv="reduce")
@@ -281,10 +280,10 @@ def test_ahead_of_time_packages_compute_the_same_and_a_second_model_loads_them(s
         return [fn.built for fn in (runner.fns.layer, runner.fns.head, runner.fns_rows.attn_in,
                                     runner.fns_rows.attn_out, runner.fns_rows.layer, runner.fns_rows.head)]
 
-    def made(states: list[str]) -> bool:  # built, in a cold folder; built or loaded from a kept one
-        return all(state.startswith("built in") or (not cold and state == "loaded") for state in states)
+    def made(states: list[str]) -> bool:  # built here, or loaded from the kept folder
+        return all(state.startswith("built in") or state == "loaded" for state in states)
 
-    assert made(states(first))
+    assert made(states(first)) and any(packages.glob("*.pt2"))
     second = llama.FastForward(target.model, compiled=True, gemv="reduce")
     assert torch.equal(fast_logits(second, ids, splits=splits), got)
     assert set(states(second)) == {"loaded"}
@@ -296,7 +295,7 @@ def test_ahead_of_time_packages_compute_the_same_and_a_second_model_loads_them(s
     assert second.fns is not reduce_fns and made(states(second)[:2])
     assert {key[1] for key in second._bound if key[0] == id(second.fns)} == {"mm"}  # built for mm, not reduce
     one_row_heads = [p for p in packages.glob("head-*.pt2") if not p.name.startswith("head-rows-")]
-    assert len(one_row_heads) == 2  # reduce's and mm's (a whole layer's package is symbolic: "layer-rows" for both)
+    assert len(one_row_heads) >= 2  # reduce's and mm's (a whole layer's package is symbolic: "layer-rows" for both)
     second.set_one_row("reduce")
     assert second.fns is reduce_fns and len(second._one_row_fns) == 1
     assert {key[0] for key in second._bound} <= {id(reduce_fns), id(second.fns_rows)}  # mm's bound layers dropped
