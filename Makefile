@@ -72,12 +72,10 @@ stress: install
 # The EAGLE-3 head shipped for the bundled model (specview/data/eagle3-smollm2-135m, docs/guide/drafters-and-trees.md):
 # the target writes its own text, then the head learns it (EAGLE-3's training-time test), seeded, niced, on two
 # threads (niced: a neighbour's work goes first).
-# The generated text is kept in build/ as it comes: a stopped run starts again where it was. The file's name changes
-# with the prompts of specview/tools/eagle3_data.py (v2: the word lists crossed with several phrasings), so text
-# written from other prompts is not reused.
+# The generated text is kept in build/ as it comes: a stopped run starts again where it was.
 train-head: install
 	mkdir -p build
-	nice -n 10 $(PY) -m specview.tools.train_eagle3_head --threads 2 --data build/eagle3-data-v2.pt $(ARGS)
+	nice -n 10 $(PY) -m specview.tools.train_eagle3_head --threads 2 --data build/eagle3-train-data.pt $(ARGS)
 
 bench: install
 	.venv/bin/specview bench --peer hf --temperature 0 -N 48 --draft smollm2-135m@int4,ngram,smollm2-135m@bfloat16 $(ARGS)

@@ -107,56 +107,43 @@ MATH = ["A farmer has {a} rows of apple trees with {b} trees in each row. How ma
         "empty? Show the steps."]
 
 
-TIPS = ["I want to get better at {}. Can you give me some practical tips?",
-        "What are the most common mistakes people make when {}?",
-        "Make a simple plan for my first week of {}."]
-WHY_FORMS = ["Explain to a ten-year-old why {}.", "Give a short, clear explanation of why {}."]
-TOPIC_ASKS = ["Pretend you are {topic} and describe your day.", "Give me three interesting facts about {topic}.",
-              "Write a short, cheerful advertisement for {topic}."]
-QA_FORMS = ["{}", "{} Answer in one sentence.", "{} Explain your answer briefly."]
-LANGUAGES = ["French", "German", "Spanish", "Italian", "Portuguese"]
-
-
 def prompts(seed: int) -> list[tuple[str, str, bool]]:
     """(kind, text, chat) for the first round: everything but summarization and rag (their passages come from the
-    target, see passage_prompts). chat: through the tokenizer's chat template, as eval sends the builtin set. The
-    word lists are crossed with several phrasings: the head learns from how much text the target writes, and a
-    template met once teaches little."""
+    target, see passage_prompts). chat: through the tokenizer's chat template, as eval sends the builtin set."""
     rng = random.Random(seed)
     out = []
     for activity in ACTIVITIES:
-        out += [("conversation", form.format(activity), True) for form in TIPS]
-    for person in PEOPLE:
-        out += [("conversation", f"Write a short, polite email to {person} about {thing}.", True) for thing in THINGS]
-    for form in FORMS:
-        out += [("conversation", f"Write a {form} about {theme}.", True) for theme in THEMES]
+        out.append(("conversation", f"I want to get better at {activity}. Can you give me some practical tips?", True))
+    for person, thing in zip(PEOPLE * 2, rng.sample(THINGS * 2, 20)):
+        out.append(("conversation", f"Write a short, polite email to {person} about {thing}.", True))
+    for form, theme in zip(rng.sample(FORMS * 3, 12), rng.sample(THEMES, 12)):
+        out.append(("conversation", f"Write a {form} about {theme}.", True))
     for why in WHY:
-        out += [("conversation", form.format(why), True) for form in WHY_FORMS]
-    for topic in TOPICS:
-        out += [("conversation", form.format(topic=topic), True) for form in TOPIC_ASKS]
+        out.append(("conversation", f"Explain to a ten-year-old why {why}.", True))
+    for topic in rng.sample(TOPICS, 12):
+        out.append(("conversation", f"Pretend you are {topic.removeprefix('a ').removeprefix('an ')} and describe "
+                                    f"your day.", True))
     for sentence in ENGLISH:
-        out += [("translation", f"Translate into {language}: {sentence}", True)
-                for language in rng.sample(LANGUAGES, 3)]
+        language = rng.choice(["French", "German", "Spanish", "Italian"])
+        out.append(("translation", f"Translate into {language}: {sentence}", True))
     for language, sentence in FOREIGN:
         out.append(("translation", f"Translate the following {language} sentence into English: {sentence}", True))
-        out.append(("translation", f"Translate into English: {sentence}", True))
     for question in QUESTIONS:
-        out += [("qa", form.format(question), True) for form in QA_FORMS]
+        out.append(("qa", question, True))
     for template in MATH:
-        for _ in range(8):
+        for _ in range(4):
             a, b = rng.randint(3, 12), rng.randint(2, 9)
             c, p = rng.randint(a * b + 5, 300), rng.choice([10, 15, 20, 25, 30, 40, 50])
             out.append(("math", template.format(a=a, b=b, c=c, p=p), True))
     for opening in OPENINGS:
-        out += [("raw", opening, False)] * 2  # the temperatures alternate: one greedy text, one sampled
+        out.append(("raw", opening, False))
     return out
 
 
 def passage_prompts(seed: int) -> list[tuple[str, str, bool]]:
     rng = random.Random(seed + 1)
     kinds = ["a short news report", "a short article", "a short story", "a short notice"]
-    return [("passage", f"Write {kind} about {topic}, in one paragraph.", True) for topic in TOPICS
-            for kind in rng.sample(kinds, 3)]
+    return [("passage", f"Write {rng.choice(kinds)} about {topic}, in one paragraph.", True) for topic in TOPICS]
 
 
 def quoting_prompts(passages: list[str], seed: int) -> list[tuple[str, str, bool]]:
@@ -181,7 +168,7 @@ def encode(tokenizer, text: str, chat: bool) -> list[int]:
 
 
 @torch.inference_mode()
-def generate(model, tokenizer, items, new_tokens: int, seed: int, batch: int = 64, temperatures=(0.0, 0.7),
+def generate(model, tokenizer, items, new_tokens: int, seed: int, batch: int = 16, temperatures=(0.0, 0.7),
              say=print, done: dict | None = None, keep=lambda: None) -> list[dict]:
     """Each prompt written out by the target once, the temperatures taken in turn (0: greedy): [{kind, ids,
     prompt_len}]. Each batch is seeded on its own and its texts go into `done` (batch key -> texts), `keep()` called

@@ -46,7 +46,7 @@ def options(argv=None):
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--budget-mb", type=float, default=9.5, help="the checkpoint's size, float16 (MB of 10^6 bytes)")
     p.add_argument("--ttt", type=int, default=4, help="training-time test steps (draft positions learned)")
-    p.add_argument("--epochs", type=float, default=5.0, help="passes over the text (the head that ships: 5)")
+    p.add_argument("--epochs", type=float, default=24.0, help="passes over the text (the head that ships: 24)")
     p.add_argument("--batch-tokens", type=int, default=2048, help="text positions per optimizer step")
     p.add_argument("--max-len", type=int, default=384, help="longest text trained on (longer ones keep their end)")
     p.add_argument("--lr", type=float, default=2e-3, help="AdamW's peak rate (warm-up, then cosine to 0)")
