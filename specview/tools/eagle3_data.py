@@ -220,8 +220,6 @@ def hidden_states(model, texts: list[dict], aux_layers, say=print, batch_tokens:
     layers = model.model.layers
     captured: dict = {}
     hooks = [layers[i].register_forward_pre_hook(_grab(captured, i), with_kwargs=True) for i in aux_layers]
-    hooks.append(model.model.norm.register_forward_hook(lambda module, args, output: captured.__setitem__("final",
-                                                                                                         output)))
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]["ids"]))
     groups, group = [], []
     for i in order:
@@ -235,13 +233,13 @@ def hidden_states(model, texts: list[dict], aux_layers, say=print, batch_tokens:
         for group in groups:
             width = max(len(texts[i]["ids"]) for i in group)
             ids = torch.tensor([texts[i]["ids"] + [0] * (width - len(texts[i]["ids"])) for i in group])
-            final = model.model(input_ids=ids).last_hidden_state  # the logits of a few rows at a time, below
+            final = model.model(input_ids=ids).last_hidden_state  # the final norm's output; its logits below
             rows = final.reshape(-1, final.shape[-1]).split(2048)
             argmax = torch.cat([model.get_output_embeddings()(r).argmax(-1) for r in rows]).view(final.shape[:2])
             for row, i in enumerate(group):
                 n = len(texts[i]["ids"])
                 texts[i]["aux"] = torch.cat([captured[a][row, :n] for a in aux_layers], dim=-1).half()
-                texts[i]["final"] = captured["final"][row, :n].half()
+                texts[i]["final"] = final[row, :n].half()
                 texts[i]["argmax"] = argmax[row, :n]
             finished += len(group)
             say(f"  hidden states of {finished}/{len(texts)} texts, {time.perf_counter() - t0:.0f} s")
